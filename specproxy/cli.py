@@ -1,0 +1,50 @@
+"""Command line: each command parses its options into a config object and runs one async entry point on uvloop."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from specproxy import __version__
+
+app = typer.Typer(
+    name="specproxy",
+    help="Does speculative decoding pay off for your traffic, and how fast does your server really stream?",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"specproxy {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """specproxy: measure speculative decoding and streaming speed per workload."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage errors become one line on stderr and exit 2, never a traceback."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv, prog_name="specproxy", standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.stderr.write("specproxy: aborted\n")
+        sys.exit(130)
+    except typer.TyperException as e:  # typer's bundled click: UsageError / BadParameter carry exit_code 2
+        ctx = getattr(e, "ctx", None)
+        where = ctx.command_path if ctx is not None else "specproxy"
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        sys.stderr.write(f"{where}: error: {' '.join(message.split())}\n")
+        sys.exit(getattr(e, "exit_code", 2))
+    sys.exit(rv if isinstance(rv, int) else 0)
