@@ -1,0 +1,138 @@
+"""Interpretation of OpenAI-compatible streamed events (chat and completions), as vLLM, SGLang and llama.cpp send them.
+
+One :func:`interpret` call per SSE event: one small JSON parse, nothing rebuilt. The result says what the event is
+(data chunk, ``[DONE]``, an in-stream error, or data that is not JSON: kept and flagged, never a crash) and pulls out
+what a recorder needs: text deltas, finish reason, usage, token ids and vLLM's ``metrics.speculative_decoding``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+ChunkKind = Literal["chunk", "done", "error", "non_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    kind: ChunkKind
+    id: str | None = None
+    model: str | None = None
+    n_choices: int = 0
+    role: bool = False  # the chat role chunk (``delta.role``)
+    text: str = ""  # content + reasoning + tool-call argument deltas, all choices
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None  # cumulative, as the server reports it
+    n_token_ids: int | None = None  # ``token_ids`` lengths summed over choices, when the server sent them
+    spec: dict[str, Any] | None = None  # vLLM ``metrics.speculative_decoding``
+    llama_timings: dict[str, Any] | None = None  # llama.cpp ``timings`` (draft_n / draft_n_accepted)
+    error: Any = None
+    raw: str | None = None  # kept for non-JSON data only
+
+    @property
+    def has_choices(self) -> bool:
+        return self.n_choices > 0
+
+
+def _delta_text(choice: dict[str, Any]) -> str:
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        text = choice.get("text")  # /v1/completions
+        return text if isinstance(text, str) else ""
+    parts: list[str] = []
+    for key in ("content", "reasoning_content", "reasoning"):
+        value = delta.get(key)
+        if isinstance(value, str):
+            parts.append(value)
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                for key in ("name", "arguments"):
+                    value = fn.get(key)
+                    if isinstance(value, str):
+                        parts.append(value)
+    return "".join(parts)
+
+
+def _as_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def interpret_json(obj: Any) -> StreamChunk:
+    """Interpret one parsed JSON payload (a streamed chunk or a whole non-streaming response body)."""
+    if not isinstance(obj, dict):
+        return StreamChunk(kind="non_json", raw=orjson.dumps(obj).decode())
+    if "error" in obj and "choices" not in obj:
+        return StreamChunk(kind="error", error=obj["error"], id=obj.get("id"))
+    if obj.get("object") == "error":  # older vLLM ErrorResponse at top level
+        return StreamChunk(kind="error", error=obj)
+    choices = obj.get("choices")
+    n_choices = 0
+    role = False
+    texts: list[str] = []
+    finish: str | None = None
+    n_ids: int | None = None
+    if isinstance(choices, list):
+        n_choices = len(choices)
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and "role" in delta:
+                role = True
+            message = choice.get("message")
+            if isinstance(message, dict):  # non-streaming chat body
+                content = message.get("content")
+                if isinstance(content, str):
+                    texts.append(content)
+            else:
+                texts.append(_delta_text(choice))
+            fr = choice.get("finish_reason")
+            if isinstance(fr, str) and finish is None:
+                finish = fr
+            ids = choice.get("token_ids")
+            if isinstance(ids, list):
+                n_ids = (n_ids or 0) + len(ids)
+    usage = obj.get("usage")
+    prompt_tokens = completion_tokens = None
+    if isinstance(usage, dict):
+        prompt_tokens = _as_int(usage.get("prompt_tokens"))
+        completion_tokens = _as_int(usage.get("completion_tokens"))
+    spec = None
+    metrics = obj.get("metrics")
+    if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+        spec = metrics["speculative_decoding"]
+    timings = obj.get("timings")
+    model = obj.get("model")
+    rid = obj.get("id")
+    return StreamChunk(
+        kind="chunk",
+        id=rid if isinstance(rid, str) else None,
+        model=model if isinstance(model, str) else None,
+        n_choices=n_choices,
+        role=role,
+        text="".join(texts),
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        n_token_ids=n_ids,
+        spec=spec,
+        llama_timings=timings if isinstance(timings, dict) else None,
+    )
+
+
+def interpret(data: str) -> StreamChunk:
+    """Interpret the data of one SSE event."""
+    stripped = data.strip()
+    if stripped == "[DONE]":
+        return StreamChunk(kind="done")
+    try:
+        obj = orjson.loads(stripped)
+    except orjson.JSONDecodeError:
+        return StreamChunk(kind="non_json", raw=data)
+    return interpret_json(obj)

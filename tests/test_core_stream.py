@@ -1,0 +1,129 @@
+"""OpenAI stream interpretation and per-chunk token counts on the real captures."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from specproxy.core.openai_stream import interpret, interpret_json
+from specproxy.core.sse import SSEDecoder
+from specproxy.core.stats import decode_tok_s, percentile, step_and_token_gaps, summarize
+from specproxy.core.tokens import ApproxTokenizer, ChunkTokenCounter
+
+DATA = Path(__file__).parent / "data"
+
+
+def chunk_tokens(name: str, *, use_usage: bool = True) -> list[int]:
+    counter = ChunkTokenCounter(ApproxTokenizer())
+    d = SSEDecoder()
+    out = []
+    for ev in d.feed((DATA / name).read_bytes()):
+        c = interpret(ev.data)
+        if c.kind != "chunk" or not c.has_choices:
+            continue
+        n, src = counter.count(
+            has_choices=c.has_choices,
+            completion_tokens=c.completion_tokens if use_usage else None,
+            n_token_ids=c.n_token_ids,
+            text=c.text,
+        )
+        assert src == ("usage" if use_usage else src)
+        if n:
+            out.append(n)
+    return out
+
+
+def test_ngram_code_tokens_per_chunk_and_accepted_match_readme() -> None:
+    toks = chunk_tokens("chat-stream-ngram-k3-code.sse")
+    assert Counter(toks) == Counter({1: 71, 2: 1, 3: 4, 4: 4})  # as the data README lists
+    assert sum(n - 1 for n in toks[1:]) == 21  # == the counter delta of accepted tokens
+    assert sum(toks) == 101
+
+
+def test_draft_model_capture() -> None:
+    toks = chunk_tokens("chat-stream-draftmodel-k3-code.sse")
+    assert toks[0] == 1 and Counter(toks[1:])[4] == 23
+    assert sum(n - 1 for n in toks[1:]) == 69
+
+
+def test_per_request_metrics_capture_agrees_with_chunks() -> None:
+    d = SSEDecoder()
+    chunks = [interpret(ev.data) for ev in d.feed((DATA / "chat-stream-ngram-k3-per-request-metrics.sse").read_bytes())]
+    assert chunks[0].role and chunks[-1].kind == "done"
+    final = chunks[-2]
+    assert final.n_choices == 0 and final.spec is not None
+    assert final.spec["num_accepted_draft_tokens"] == 13 and final.spec["num_spec_steps"] == 14
+    toks = chunk_tokens("chat-stream-ngram-k3-per-request-metrics.sse")
+    assert sum(n - 1 for n in toks[1:]) == 13
+    assert sum(toks) == final.completion_tokens == 97
+
+
+def test_completions_stream_shape() -> None:
+    d = SSEDecoder()
+    chunks = [
+        interpret(ev.data) for ev in d.feed((DATA / "completions-stream-ngram-k3-per-request-metrics.sse").read_bytes())
+    ]
+    assert not chunks[0].role and chunks[0].text and chunks[0].completion_tokens == 1
+    assert chunks[-2].spec is not None
+    toks = chunk_tokens("completions-stream-ngram-k3-per-request-metrics.sse")
+    assert sum(toks) == chunks[-2].completion_tokens
+
+
+def test_nonstream_body() -> None:
+    body = json.loads((DATA / "chat-nonstream-ngram-k3-per-request-metrics.json").read_text())
+    c = interpret_json(body)
+    assert c.completion_tokens == 60 and c.prompt_tokens == 125
+    assert c.spec is not None and c.spec["num_draft_tokens"] == 54
+    assert c.text.startswith("def fibonacci") and c.finish_reason == "stop"
+
+
+def test_without_usage_the_tokenizer_counts_and_says_so() -> None:
+    counter = ChunkTokenCounter(ApproxTokenizer())
+    assert counter.count(has_choices=True, completion_tokens=None, n_token_ids=None, text="hello world") == (
+        2,
+        "approx",
+    )
+    assert counter.count(has_choices=True, completion_tokens=None, n_token_ids=3, text="x") == (3, "token_ids")
+    # usage on the final choices-[] chunk only is a total, not a step
+    assert counter.count(has_choices=False, completion_tokens=120, n_token_ids=None, text="") == (0, "none")
+
+
+def test_odd_events_never_crash() -> None:
+    assert interpret("[DONE]").kind == "done"
+    assert interpret("not json {").kind == "non_json"
+    assert interpret("not json {").raw == "not json {"
+    assert interpret("[1, 2]").kind == "non_json"
+    err = interpret('{"error": {"message": "boom", "code": 500}}')
+    assert err.kind == "error" and err.error["message"] == "boom"
+    tool = interpret(
+        '{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\\"a\\":1}"}}]}}]}'
+    )
+    assert tool.text == '{"a":1}'
+    reasoning = interpret('{"choices":[{"index":0,"delta":{"reasoning_content":"hmm","content":null}}]}')
+    assert reasoning.text == "hmm"
+    assert interpret('{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"usage":null}').text == "a"
+
+
+def test_approx_tokenizer_japanese_and_code() -> None:
+    t = ApproxTokenizer()
+    assert t.count("こんにちは") == 5
+    assert t.count("def f(x):\n    return x") >= 5
+    assert t.count("") == 0
+
+
+def test_stats() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile([1], 101)
+    s = summarize([3, 1, 2])
+    assert (s.count, s.p50, s.min, s.max) == (3, 2, 1, 3)
+    chunks = [(0.0, 0), (0.1, 1), (0.2, 4), (0.3, 1)]
+    steps, toks = step_and_token_gaps(chunks)
+    assert steps == pytest.approx([0.1, 0.1])
+    assert toks == pytest.approx([0.025] * 4 + [0.1])
+    assert decode_tok_s(chunks) == pytest.approx(5 / 0.2)
+    assert decode_tok_s([(0.0, 1)]) is None
