@@ -7,6 +7,7 @@ import sys
 import typer
 
 from specproxy import __version__
+from specproxy.commands.common import CommandError
 
 app = typer.Typer(
     name="specproxy",
@@ -31,6 +32,16 @@ def _root(
     """specproxy: measure speculative decoding and streaming speed per workload."""
 
 
+def _register_commands() -> None:
+    from specproxy.commands import proxy, sim
+
+    sim.register(app)
+    proxy.register(app)
+
+
+_register_commands()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr and exit 2, never a traceback."""
     command = typer.main.get_command(app)
@@ -38,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         rv = command.main(args=argv, prog_name="specproxy", standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
+    except CommandError as e:
+        sys.stderr.write(f"specproxy: error: {e}\n")
+        sys.exit(e.code)
     except (typer.Abort, KeyboardInterrupt):
         sys.stderr.write("specproxy: aborted\n")
         sys.exit(130)

@@ -1,0 +1,318 @@
+"""The analysis commands: ``report``, ``compare``, ``advise`` and ``roofline``.
+
+Each command parses its options into a frozen config, validates it (a bad value is a one-line error, exit 2), reads
+the runs, and hands records to the pure functions of :mod:`specproxy.analysis`. Reading is synchronous: these
+commands have no network IO, so they don't go through the event loop.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+
+from specproxy.analysis import render
+from specproxy.analysis.advise import DEFAULT_MAX_K, build_advice
+from specproxy.analysis.aggregate import (
+    DEFAULT_GROUP_BY,
+    GROUP_FIELDS,
+    build_report,
+    field_getter,
+    group_records,
+    is_ok,
+    request_tok_s,
+)
+from specproxy.analysis.aggregate import values as record_values
+from specproxy.analysis.compare import METRICS, build_comparison
+from specproxy.analysis.html import render_html
+from specproxy.analysis.inputs import InputError, load_runs
+from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
+from specproxy.analysis.tables import Table, render_csv, render_md, render_text
+from specproxy.commands.common import CommandError, fail
+from specproxy.core.record import Record
+from specproxy.core.stats import median
+
+REPORT_FORMATS = ("table", "md", "csv", "json", "html")
+TABLE_FORMATS = ("table", "md", "csv", "json")
+ADVISE_FORMATS = ("table", "md", "json")
+
+RunsArg = Annotated[list[Path], typer.Argument(help="Record files (rotations included) or directories.",
+                                               show_default=False)]
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")]
+
+
+def _guard(work: Callable[[], None]) -> None:
+    """Run a command body; clean failures become one line on stderr and their exit code."""
+    try:
+        work()
+    except CommandError as e:
+        sys.stderr.write(f"specproxy: error: {e}\n")
+        raise typer.Exit(e.code) from None
+    except InputError as e:
+        sys.stderr.write(f"specproxy: error: {e}\n")
+        raise typer.Exit(2) from None
+
+
+def _choice(value: str, allowed: Sequence[str], option: str) -> str:
+    if value not in allowed:
+        fail(f"{option} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as e:
+        fail(f"{output}: cannot write: {e.strerror or e}")
+
+
+def _json(obj: Any) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+def _tabular(fmt: str, tables: list[Table], csv_data: tuple[list[str], list[list[Any]]] | None,
+             json_obj: dict[str, Any]) -> str:
+    if fmt == "json":
+        return _json(json_obj)
+    if fmt == "md":
+        return render_md(tables)
+    if fmt == "csv" and csv_data is not None:
+        return render_csv(*csv_data)
+    return render_text(tables)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportConfig:
+    runs: tuple[Path, ...]
+    format: str
+    by: tuple[str, ...]
+    output: Path | None
+    title: str
+
+
+def parse_by(value: str) -> tuple[str, ...]:
+    fields = tuple(f.strip() for f in value.split(",") if f.strip())
+    bad = [f for f in fields if f not in GROUP_FIELDS]
+    if not fields or bad:
+        fail(f"--by takes a comma-separated list of {','.join(GROUP_FIELDS)}; got {value!r}")
+    if len(set(fields)) != len(fields):
+        fail(f"--by names a field twice: {value!r}")
+    return fields
+
+
+def run_report(cfg: ReportConfig) -> None:
+    records = load_runs(cfg.runs)
+    report = build_report(records, cfg.by)
+    inputs = [str(p) for p in cfg.runs]
+    tables = render.report_tables(report)
+    if cfg.format == "html":
+        text = render_html(report, records, tables, cfg.title, inputs)
+    else:
+        text = _tabular(cfg.format, tables, render.report_csv(report), render.report_json(report, inputs))
+    _emit(text, cfg.output)
+
+
+@dataclass(frozen=True, slots=True)
+class CompareConfig:
+    runs: tuple[Path, ...]
+    baseline: str | None
+    metric: str
+    format: str
+    output: Path | None
+
+
+def run_compare(cfg: CompareConfig) -> None:
+    records = load_runs(cfg.runs)
+    try:
+        c = build_comparison(records, cfg.baseline, cfg.metric)
+    except ValueError as e:
+        fail(str(e))
+    text = _tabular(cfg.format, render.compare_tables(c), render.compare_csv(c),
+                    render.compare_json(c, [str(p) for p in cfg.runs]))
+    _emit(text, cfg.output)
+
+
+@dataclass(frozen=True, slots=True)
+class AdviseConfig:
+    runs: tuple[Path, ...]
+    baseline_runs: tuple[Path, ...]
+    draft_cost: float | None
+    base_step_s: float | None
+    max_k: int
+    workloads: tuple[str, ...]
+    format: str
+    output: Path | None
+
+
+def run_advise(cfg: AdviseConfig) -> None:
+    records = load_runs(cfg.runs)
+    if cfg.workloads:
+        known = set(group_records(records, ("workload",)))
+        missing = [w for w in cfg.workloads if (w,) not in known]
+        if missing:
+            fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(k[0] for k in known)}")
+        records = [r for r in records if r.get("workload") in cfg.workloads]
+    baseline = load_runs(cfg.baseline_runs) if cfg.baseline_runs else []
+    advice = build_advice(records, baseline, draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s,
+                          max_k=cfg.max_k)
+    if cfg.format == "json":
+        text = _json(render.advise_json(advice, [str(p) for p in cfg.runs]))
+    else:
+        tables = render.advise_tables(advice)
+        body = render_md(tables) if cfg.format == "md" else render_text(tables)
+        text = render.cost_text(advice) + "\n\n" + body
+    _emit(text, cfg.output)
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineConfig:
+    params: float
+    active_params: float | None
+    bytes_per_param: float
+    extra_bytes_per_token: float
+    bandwidth_bytes_s: float
+    measured_tok_s: float | None
+    runs: tuple[Path, ...]
+    format: str
+    output: Path | None
+
+
+def _measurements(records: Sequence[Record]) -> list[tuple[str, float | None, float | None]]:
+    """(workload / label, median decode tok/s, median recorded read bytes per token) per group."""
+    out: list[tuple[str, float | None, float | None]] = []
+    for key, recs in group_records(records, DEFAULT_GROUP_BY).items():
+        ok = [r for r in recs if is_ok(r)]
+        rb = median(record_values(ok, field_getter("read_bytes_per_token")))
+        out.append((" / ".join(key), median(record_values(ok, request_tok_s)), rb if rb and rb > 0 else None))
+    return out
+
+
+def run_roofline(cfg: RooflineConfig) -> None:
+    try:
+        r = roofline(cfg.params, cfg.bytes_per_param, cfg.bandwidth_bytes_s, cfg.active_params,
+                     cfg.extra_bytes_per_token)
+    except ValueError as e:
+        fail(str(e))
+    measured: list[tuple[str, float | None, float | None]] = []
+    if cfg.measured_tok_s is not None:
+        measured.append(("given", cfg.measured_tok_s, None))
+    if cfg.runs:
+        measured.extend(_measurements(load_runs(cfg.runs)))
+    rows = render.roofline_rows(r, measured)
+    _emit(_tabular(cfg.format, render.roofline_tables(r, rows), (render.ROOFLINE_HEADERS, rows),
+                   render.roofline_json(r, rows)), cfg.output)
+
+
+def _parse(parse: Callable[[str], float], value: str, option: str) -> float:
+    try:
+        return parse(value)
+    except ValueError as e:
+        fail(f"{option}: {e}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report_cmd(
+        runs: RunsArg,
+        format: Annotated[str, typer.Option("--format", "-f", help="table, md, csv, json or html.")] = "table",
+        by: Annotated[str, typer.Option(help=f"Group by these fields ({','.join(GROUP_FIELDS)}).")] = ",".join(
+            DEFAULT_GROUP_BY),
+        output: OutputOpt = None,
+        title: Annotated[str, typer.Option(help="Title of the HTML report.")] = "specproxy report",
+    ) -> None:
+        """Per workload and configuration: throughput, latency, acceptance, and where each figure came from."""
+
+        def work() -> None:
+            cfg = ReportConfig(tuple(runs), _choice(format, REPORT_FORMATS, "--format"), parse_by(by), output, title)
+            run_report(cfg)
+
+        _guard(work)
+
+    @app.command("compare")
+    def compare_cmd(
+        runs: RunsArg,
+        baseline: Annotated[str | None, typer.Option(help="Label of the baseline configuration.")] = None,
+        metric: Annotated[str, typer.Option(help="decode (median per-request decode tok/s) or output "
+                                                 "(aggregate output tok/s).")] = "decode",
+        format: Annotated[str, typer.Option("--format", "-f", help="table, md, csv or json.")] = "table",
+        output: OutputOpt = None,
+    ) -> None:
+        """Configuration | tok/s | speedup vs baseline | acceptance, per workload; medians over repeats."""
+
+        def work() -> None:
+            cfg = CompareConfig(tuple(runs), baseline, _choice(metric, METRICS, "--metric"),
+                                _choice(format, TABLE_FORMATS, "--format"), output)
+            run_compare(cfg)
+
+        _guard(work)
+
+    @app.command("advise")
+    def advise_cmd(
+        runs: RunsArg,
+        baseline_run: Annotated[list[Path] | None, typer.Option(
+            help="A run without speculation (same concurrency): measures the base step time.")] = None,
+        draft_cost: Annotated[float | None, typer.Option(
+            help="Cost of one draft token as a fraction of a base step (default: fitted, else 0.15).")] = None,
+        base_step_ms: Annotated[float | None, typer.Option(help="Base decode step time in ms.")] = None,
+        max_k: Annotated[int, typer.Option(help="Largest k to predict.")] = DEFAULT_MAX_K,
+        workload: Annotated[list[str] | None, typer.Option(help="Only this workload (repeatable).")] = None,
+        format: Annotated[str, typer.Option("--format", "-f", help="table, md or json.")] = "table",
+        output: OutputOpt = None,
+    ) -> None:
+        """Predicted speedup for k = 1..8 from acceptance per position, the recommended k, and warnings."""
+
+        def work() -> None:
+            if draft_cost is not None and not 0.0 <= draft_cost <= 10.0:
+                fail(f"--draft-cost must be between 0 and 10, got {draft_cost}")
+            if base_step_ms is not None and not base_step_ms > 0:
+                fail(f"--base-step-ms must be positive, got {base_step_ms}")
+            if not 1 <= max_k <= 64:
+                fail(f"--max-k must be between 1 and 64, got {max_k}")
+            cfg = AdviseConfig(tuple(runs), tuple(baseline_run or ()), draft_cost,
+                               base_step_ms / 1000.0 if base_step_ms is not None else None, max_k,
+                               tuple(workload or ()), _choice(format, ADVISE_FORMATS, "--format"), output)
+            run_advise(cfg)
+
+        _guard(work)
+
+    @app.command("roofline")
+    def roofline_cmd(
+        params: Annotated[str, typer.Option(help="Total parameters, e.g. 27B or 3e9.", show_default=False)],
+        bytes_per_param: Annotated[float, typer.Option(help="Bytes per weight, e.g. 2 (FP16), 0.56 (4.5-bit).",
+                                                       show_default=False)],
+        bandwidth: Annotated[str, typer.Option(help="Memory bandwidth, e.g. 1.7TB/s, 1700GB/s, 1.7e12.",
+                                               show_default=False)],
+        active_params: Annotated[str | None, typer.Option(help="Active parameters per token (MoE).")] = None,
+        extra_bytes: Annotated[str, typer.Option(help="Other bytes read per token (KV cache...), e.g. 2GB.")] = "0",
+        measured: Annotated[float | None, typer.Option(help="A measured decode tok/s to place.")] = None,
+        run: Annotated[list[Path] | None, typer.Option(help="Runs whose decode tok/s to place (repeatable).")] = None,
+        format: Annotated[str, typer.Option("--format", "-f", help="table, md, csv or json.")] = "table",
+        output: OutputOpt = None,
+    ) -> None:
+        """The memory-bandwidth ceiling of decode in tok/s, and how much of it a measurement reaches."""
+
+        def work() -> None:
+            if measured is not None and not measured > 0:
+                fail(f"--measured must be positive, got {measured}")
+            cfg = RooflineConfig(
+                params=_parse(parse_count, params, "--params"),
+                active_params=_parse(parse_count, active_params, "--active-params") if active_params else None,
+                bytes_per_param=bytes_per_param,
+                extra_bytes_per_token=_parse(parse_bytes, extra_bytes, "--extra-bytes"),
+                bandwidth_bytes_s=_parse(lambda v: parse_bytes(v, rate=True), bandwidth, "--bandwidth"),
+                measured_tok_s=measured,
+                runs=tuple(run or ()),
+                format=_choice(format, TABLE_FORMATS, "--format"),
+                output=output,
+            )
+            run_roofline(cfg)
+
+        _guard(work)

@@ -1,0 +1,149 @@
+"""``specproxy proxy``: put the recorder in front of an engine."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import typer
+
+from specproxy.commands.common import CommandError, fail, parse_listen, run_async
+from specproxy.core.workload_rules import Rule, RulesError, parse_rules
+from specproxy.proxy.config import ProxyConfig
+from specproxy.recorder.recorder import RecorderConfig
+
+CAPTURES = ("none", "request", "full")
+
+
+def check_url(value: str, what: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise typer.BadParameter(f"{what} must be an http:// or https:// URL, got {value!r}")
+    return value.rstrip("/")
+
+
+def parse_size(value: str) -> int:
+    v = value.strip().upper().removesuffix("B")
+    mult = 1
+    for suffix, m in (("K", 1024), ("M", 1024**2), ("G", 1024**3)):
+        if v.endswith(suffix):
+            v, mult = v[:-1], m
+            break
+    try:
+        n = int(float(v) * mult)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a size like 64MB") from None
+    if n <= 0:
+        raise typer.BadParameter(f"size must be positive, got {value!r}")
+    return n
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("proxy")
+    def proxy(
+        upstream: str = typer.Option(..., "--upstream", help="The engine's base URL, e.g. http://127.0.0.1:8000."),
+        listen: str = typer.Option("127.0.0.1:8080", "--listen", help="HOST:PORT to listen on (port 0: any free)."),
+        record: str = typer.Option(
+            "specproxy-records.jsonl", "--record", help="JSONL file of per-request records ('-' for none)."
+        ),
+        metrics_url: str = typer.Option(
+            "", "--metrics-url", help="The engine's Prometheus endpoint (default UPSTREAM/metrics; 'none' to skip)."
+        ),
+        rules: Path | None = typer.Option(None, "--rules", help="JSON rules mapping requests to workloads."),
+        label: str | None = typer.Option(None, "--label", help="Configuration label stored in every record."),
+        capture: str = typer.Option("request", "--capture", help="What to keep of bodies: none, request, full."),
+        k: int | None = typer.Option(None, "--k", help="The engine's num_speculative_tokens (else learned)."),
+        scrape_interval: float = typer.Option(0.25, "--scrape-interval", help="Seconds between scrapes in flight."),
+        connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to connect upstream."),
+        idle_timeout: float = typer.Option(600.0, "--idle-timeout", help="Seconds without an upstream byte."),
+        max_body: str = typer.Option("64MB", "--max-body", help="Largest request body accepted (413 beyond)."),
+        max_connections: int = typer.Option(0, "--max-connections", help="Upstream connection cap (0: none)."),
+        drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds to let streams finish on stop."),
+        rotate_mb: int = typer.Option(256, "--rotate-mb", help="Rotate the record file past this size (0: never)."),
+        fail_closed: bool = typer.Option(False, "--fail-closed", help="Refuse traffic (503) when records fail."),
+        log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    ) -> None:
+        """Transparent recording proxy in front of vLLM (or any OpenAI-compatible engine)."""
+        up = check_url(upstream, "--upstream")
+        host, port = parse_listen(listen)
+        if capture not in CAPTURES:
+            raise typer.BadParameter(f"--capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
+        if metrics_url.lower() == "none":
+            murl = None
+        else:
+            murl = check_url(metrics_url, "--metrics-url") if metrics_url else up + "/metrics"
+        for name, value in (
+            ("--scrape-interval", scrape_interval),
+            ("--connect-timeout", connect_timeout),
+            ("--idle-timeout", idle_timeout),
+        ):
+            if value <= 0:
+                raise typer.BadParameter(f"{name} must be positive, got {value}")
+        if drain_timeout < 0 or max_connections < 0 or rotate_mb < 0:
+            raise typer.BadParameter("--drain-timeout, --max-connections and --rotate-mb cannot be negative")
+        if k is not None and k < 1:
+            raise typer.BadParameter(f"--k must be at least 1, got {k}")
+        if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise typer.BadParameter(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+        parsed_rules: tuple[Rule, ...] = ()
+        if rules is not None:
+            try:
+                parsed_rules = parse_rules(rules.read_bytes(), str(rules))
+            except OSError as e:
+                fail(f"cannot read rules file {rules}: {e.strerror}")
+            except RulesError as e:
+                fail(str(e))
+        record_path = None if record == "-" else record
+        if record_path is not None:
+            try:
+                Path(record_path).parent.mkdir(parents=True, exist_ok=True)
+                with open(record_path, "ab"):
+                    pass
+            except OSError as e:
+                fail(f"cannot write records to {record_path}: {e.strerror}")
+        cfg = ProxyConfig(
+            upstream=up,
+            host=host,
+            port=port,
+            recorder=RecorderConfig(
+                record_path=record_path,
+                metrics_url=murl,
+                label=label,
+                capture=capture,
+                k=k,
+                scrape_interval_s=scrape_interval,
+                rotate_bytes=rotate_mb * 1024 * 1024,
+            ),
+            rules=parsed_rules,
+            connect_timeout_s=connect_timeout,
+            idle_timeout_s=idle_timeout,
+            max_body_bytes=parse_size(max_body),
+            max_connections=max_connections,
+            drain_timeout_s=drain_timeout,
+            fail_closed=fail_closed,
+        )
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        run_async(_main(cfg))
+
+
+async def _main(cfg: ProxyConfig) -> None:
+    import asyncio
+
+    from specproxy.proxy.server import serve
+
+    ready = asyncio.Event()
+    bound: list[int] = []
+
+    async def announce() -> None:
+        await ready.wait()
+        where = ", ".join(f"http://{cfg.host}:{p}" for p in bound) or f"http://{cfg.host}:{cfg.port}"
+        typer.echo(f"specproxy proxy: {where} -> {cfg.upstream}", err=True)
+
+    task = asyncio.create_task(announce())
+    try:
+        await serve(cfg, ready=ready, bound=bound)
+    except OSError as e:
+        raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", 1) from None
+    finally:
+        task.cancel()

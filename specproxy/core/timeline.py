@@ -1,0 +1,220 @@
+"""The timeline of one response as a recorder sees it: every upstream read, every SSE event, their token counts.
+
+Pure: times come in as ``perf_counter_ns`` integers from the caller, bytes come in as they were read. Per read the
+work is one SSE scan and one small JSON parse per event (:func:`specproxy.core.openai_stream.interpret`); nothing is
+re-serialised. :meth:`ResponseTimeline.result` turns it into the figures a record needs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from specproxy.core.openai_stream import StreamChunk, interpret, interpret_json
+from specproxy.core.sse import SSEDecoder
+from specproxy.core.stats import decode_tok_s
+from specproxy.core.tokens import ChunkTokenCounter, Tokenizer, TokenSource
+
+NON_STREAM_PARSE_LIMIT = 32 * 1024 * 1024  # a non-streamed body larger than this is relayed but not parsed
+TEXT_CAPTURE_LIMIT = 4 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class TimelineResult:
+    stream: bool
+    chunks: list[tuple[float, int]]  # (offset_s, tokens) per token- or text-bearing event
+    token_source: TokenSource
+    ttft_s: float | None
+    decode_tok_s: float | None
+    tpot_s: float | None
+    first_token_s: float | None
+    last_token_s: float | None
+    completion_tokens: int | None
+    prompt_tokens: int | None
+    finish_reason: str | None
+    upstream_id: str | None
+    server_spec: dict[str, Any] | None
+    llama_timings: dict[str, Any] | None
+    error: Any
+    done: bool  # saw [DONE] (streams) or a complete JSON body
+    events: int
+    reads: int
+    multi_event_reads: int
+    keepalives: int
+    non_json_events: int
+    partial_event: bool  # the stream ended inside an event
+    response_text: str | None
+    flags: list[str] = field(default_factory=list)
+
+
+class ResponseTimeline:
+    """Feed it the response as it arrives; ask for :meth:`result` at the end."""
+
+    def __init__(self, start_ns: int, *, stream: bool, tokenizer: Tokenizer | None = None, keep_text: bool = False):
+        self.start_ns = start_ns
+        self.stream = stream
+        self._sse = SSEDecoder()
+        self._tokens = ChunkTokenCounter(tokenizer)
+        self._keep_text = keep_text
+        self._text: list[str] = []
+        self._text_len = 0
+        self._body = bytearray()
+        self._body_over = False
+        self.chunks: list[tuple[float, int]] = []
+        self._sources: Counter[str] = Counter()
+        self.events = 0
+        self.reads = 0
+        self.multi_event_reads = 0
+        self.non_json = 0
+        self.done = False
+        self.first_token_ns: int | None = None
+        self.last_token_ns: int | None = None
+        self._final_usage: tuple[int | None, int | None] = (None, None)
+        self._finish: str | None = None
+        self._id: str | None = None
+        self._spec: dict[str, Any] | None = None
+        self._timings: dict[str, Any] | None = None
+        self._error: Any = None
+        self._sum_tokens = 0
+
+    # -- feeding ---------------------------------------------------------------------------------------------------
+    def feed(self, t_ns: int, data: bytes) -> None:
+        self.reads += 1
+        if not self.stream:
+            if not self._body_over:
+                if len(self._body) + len(data) > NON_STREAM_PARSE_LIMIT:
+                    self._body_over = True
+                    self._body.clear()
+                else:
+                    self._body += data
+            return
+        bearing = 0
+        for ev in self._sse.feed(data):
+            if self._on_event(t_ns, ev.data):
+                bearing += 1
+        if bearing > 1:
+            self.multi_event_reads += 1
+
+    def _on_event(self, t_ns: int, data: str) -> bool:
+        self.events += 1
+        c = interpret(data)
+        if c.kind == "done":
+            self.done = True
+            return False
+        if c.kind == "non_json":
+            self.non_json += 1
+            return False
+        if c.kind == "error":
+            self._error = c.error
+            return False
+        return self._on_chunk(t_ns, c)
+
+    def _on_chunk(self, t_ns: int, c: StreamChunk) -> bool:
+        if c.id and self._id is None:
+            self._id = c.id
+        if c.finish_reason and self._finish is None:
+            self._finish = c.finish_reason
+        if c.spec is not None:
+            self._spec = c.spec
+        if c.llama_timings is not None:
+            self._timings = c.llama_timings
+        if c.prompt_tokens is not None or c.completion_tokens is not None:
+            self._final_usage = (c.prompt_tokens, c.completion_tokens)
+        n, source = self._tokens.count(
+            has_choices=c.has_choices, completion_tokens=c.completion_tokens, n_token_ids=c.n_token_ids, text=c.text
+        )
+        if self._keep_text and c.text and self._text_len < TEXT_CAPTURE_LIMIT:
+            self._text.append(c.text)
+            self._text_len += len(c.text)
+        if n <= 0 and not c.text:
+            return False
+        if n > 0:
+            self._sources[source] += 1
+            self._sum_tokens += n
+            if self.first_token_ns is None:
+                self.first_token_ns = t_ns
+            self.last_token_ns = t_ns
+        self.chunks.append(((t_ns - self.start_ns) / 1e9, n))
+        return True
+
+    # -- result ------------------------------------------------------------------------------------------------------
+    def result(self, end_ns: int) -> TimelineResult:
+        partial = False
+        if self.stream:
+            for ev in self._sse.flush():
+                partial = True
+                self._on_event(end_ns, ev.data)
+        elif self._body and not self._body_over:
+            self._parse_body(end_ns)
+        prompt_tokens, usage_completion = self._final_usage
+        completion = usage_completion if usage_completion is not None else (self._sum_tokens or None)
+        source: TokenSource = "none"
+        if self._sources:
+            source = self._sources.most_common(1)[0][0]  # type: ignore[assignment]
+        flags: list[str] = []
+        if self.stream and source not in ("usage", "token_ids"):
+            flags.append("no_usage")
+        if self.multi_event_reads:
+            flags.append("multi_event_reads")
+        if self.non_json:
+            flags.append("non_json_events")
+        if self._body_over:
+            flags.append("body_not_parsed")
+        ttft = (self.first_token_ns - self.start_ns) / 1e9 if self.first_token_ns is not None else None
+        rate = decode_tok_s(self.chunks) if self.stream else None
+        tpot = None
+        if self.stream and completion and completion > 1 and self.first_token_ns is not None and self.last_token_ns:
+            span = (self.last_token_ns - self.first_token_ns) / 1e9
+            tpot = span / (completion - 1) if span > 0 else None
+        return TimelineResult(
+            stream=self.stream,
+            chunks=self.chunks,
+            token_source=source,
+            ttft_s=ttft,
+            decode_tok_s=rate,
+            tpot_s=tpot,
+            first_token_s=ttft,
+            last_token_s=(self.last_token_ns - self.start_ns) / 1e9 if self.last_token_ns is not None else None,
+            completion_tokens=completion,
+            prompt_tokens=prompt_tokens,
+            finish_reason=self._finish,
+            upstream_id=self._id,
+            server_spec=self._spec,
+            llama_timings=self._timings,
+            error=self._error,
+            done=self.done,
+            events=self.events,
+            reads=self.reads,
+            multi_event_reads=self.multi_event_reads,
+            keepalives=self._sse.comments,
+            non_json_events=self.non_json,
+            partial_event=partial,
+            response_text="".join(self._text) if self._keep_text else None,
+            flags=flags,
+        )
+
+    def _parse_body(self, end_ns: int) -> None:
+        try:
+            obj = orjson.loads(self._body)
+        except orjson.JSONDecodeError:
+            self.non_json += 1
+            return
+        c = interpret_json(obj)
+        if c.kind == "error":
+            self._error = c.error
+            return
+        if c.kind != "chunk":
+            return
+        self.done = True
+        self._id = c.id
+        self._finish = c.finish_reason
+        self._spec = c.spec
+        self._timings = c.llama_timings
+        self._final_usage = (c.prompt_tokens, c.completion_tokens)
+        if self._keep_text:
+            self._text.append(c.text[:TEXT_CAPTURE_LIMIT])
+        if c.completion_tokens:
+            self.first_token_ns = self.last_token_ns = end_ns

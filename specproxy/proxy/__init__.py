@@ -1,0 +1,1 @@
+"""``specproxy proxy``: a transparent recording reverse proxy for OpenAI-compatible engines."""

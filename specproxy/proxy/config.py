@@ -1,0 +1,23 @@
+"""The proxy's configuration, parsed from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specproxy.core.workload_rules import Rule
+from specproxy.recorder.recorder import RecorderConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    upstream: str  # base URL, e.g. http://127.0.0.1:8000
+    host: str = "127.0.0.1"
+    port: int = 8080
+    recorder: RecorderConfig = field(default_factory=RecorderConfig)
+    rules: tuple[Rule, ...] = ()
+    connect_timeout_s: float = 10.0
+    idle_timeout_s: float = 600.0  # no byte from upstream for this long: give up (no total timeout)
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_connections: int = 0  # 0 = unlimited (aiohttp's default of 100 would cap concurrency)
+    drain_timeout_s: float = 30.0
+    fail_closed: bool = False

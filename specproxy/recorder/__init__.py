@@ -1,0 +1,1 @@
+"""What the proxy and the load generator share: the recorder (timeline, attribution, records) and its IO."""

@@ -1,0 +1,211 @@
+"""Scrapes of the engine's ``/metrics``, coalesced, never on the relay path.
+
+One scrape is in flight at a time. Asking for a scrape returns a future for the first scrape that *starts* after the
+ask, so requests that end close together share one. While requests are in flight a periodic scrape (default every
+250 ms) keeps the intervals short, so overlapping requests can be told apart; scrape load does not grow with request
+rate. Each scrape cuts the attribution interval when it is issued and settles it with the delta when it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from specproxy.core.attribution import CounterLedger
+from specproxy.core.prom import (
+    MetricsParseError,
+    Snapshot,
+    SpecCounters,
+    delta,
+    detect_engine,
+    gauge,
+    parse_snapshot,
+    spec_counters,
+)
+
+log = logging.getLogger("specproxy.scraper")
+
+
+@dataclass(slots=True)
+class ScrapeState:
+    ok: int = 0
+    errors: int = 0
+    resets: int = 0
+    engine: str = "unknown"
+    last_error: str | None = None
+    cumulative: SpecCounters | None = None  # sum of settled deltas since the first scrape
+    running: float | None = None
+    waiting: float | None = None
+
+
+class Scraper:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str | None,
+        ledger: CounterLedger,
+        *,
+        interval_s: float = 0.25,
+        timeout_s: float = 2.0,
+        min_gap_s: float = 0.02,
+        on_error: Callable[[], None] | None = None,
+        in_flight: Callable[[], int] | None = None,
+    ) -> None:
+        self._session = session
+        self.url = url
+        self._ledger = ledger
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.min_gap_s = min_gap_s
+        self._last_start = 0.0
+        self._on_error = on_error
+        self._in_flight = in_flight or ledger.in_flight
+        self._last: Snapshot | None = None
+        self._waiters: list[asyncio.Future[bool]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.state = ScrapeState()
+        self._acc = {"accepted": 0.0, "drafts": 0.0, "draft_tokens": 0.0}
+        self._per_pos: list[float] = []
+        self._gen_tokens = 0.0
+        self._read_bytes = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.url is not None
+
+    async def start(self) -> None:
+        if self.enabled:
+            self._task = asyncio.create_task(self._run(), name="specproxy-scraper")
+            self._wake.set()  # the baseline scrape
+
+    def request(self) -> asyncio.Future[bool]:
+        """A future set (True on success) by the first scrape that starts after this call."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if not self.enabled or self._closed:
+            fut.set_result(False)
+            return fut
+        self._waiters.append(fut)
+        self._wake.set()
+        return fut
+
+    def kick(self) -> None:
+        """A request started: make sure the periodic loop is running."""
+        if self.enabled:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while not self._closed:
+            if not self._waiters and self._in_flight() == 0:
+                await self._wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()
+            if self._closed:
+                break
+            gap = self._last_start + self.min_gap_s - time.monotonic()
+            if gap > 0:  # back-to-back end-of-request scrapes: keep a floor between them
+                await asyncio.sleep(gap)
+            self._last_start = time.monotonic()
+            waiters, self._waiters = self._waiters, []
+            ok = await self._scrape_once()
+            for w in waiters:
+                if not w.done():
+                    w.set_result(ok)
+        for w in self._waiters:
+            if not w.done():
+                w.set_result(False)
+
+    async def _scrape_once(self) -> bool:
+        assert self.url is not None
+        seq = self._ledger.cut()
+        try:
+            async with self._session.get(
+                self.url,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                headers={"Accept": "text/plain"},  # openmetrics would change the format
+            ) as resp:
+                if resp.status != 200:
+                    raise ScrapeError(f"HTTP {resp.status}")
+                text = await resp.text(errors="replace")
+            snap = parse_snapshot(text)
+        except (aiohttp.ClientError, TimeoutError, MetricsParseError, ScrapeError, ValueError) as e:
+            self._ledger.fail(seq)
+            self._error(str(e) or type(e).__name__)
+            return False
+        self.state.ok += 1
+        self.state.last_error = None
+        if self._last is None:
+            self.state.engine = detect_engine(snap)
+            self._ledger.baseline(seq)
+        else:
+            d = delta(self._last, snap)
+            if d.reset:
+                self.state.resets += 1
+            if self.state.engine == "unknown":
+                self.state.engine = detect_engine(snap)
+            counters = spec_counters(self.state.engine, d.values)
+            self._ledger.settle(seq, counters, reset=d.reset)
+            self._accumulate(counters)
+        self.state.running = gauge(snap, "vllm:num_requests_running")
+        self.state.waiting = gauge(snap, "vllm:num_requests_waiting")
+        self._last = snap
+        return True
+
+    def _accumulate(self, c: SpecCounters) -> None:
+        self._acc["accepted"] += c.accepted or 0.0
+        self._acc["drafts"] += c.drafts or 0.0
+        self._acc["draft_tokens"] += c.draft_tokens or 0.0
+        self._gen_tokens += c.generation_tokens or 0.0
+        self._read_bytes += c.read_bytes or 0.0
+        if len(self._per_pos) < len(c.per_position):
+            self._per_pos.extend([0.0] * (len(c.per_position) - len(self._per_pos)))
+        for i, v in enumerate(c.per_position):
+            self._per_pos[i] += v
+        self.state.cumulative = SpecCounters(
+            engine=self.state.engine,
+            drafts=self._acc["drafts"],
+            draft_tokens=self._acc["draft_tokens"],
+            accepted=self._acc["accepted"],
+            per_position=tuple(self._per_pos),
+            generation_tokens=self._gen_tokens,
+            read_bytes=self._read_bytes,
+        )
+
+    def learned_k(self) -> float | None:
+        """``num_speculative_tokens`` as the counters show it: draft tokens / drafts over everything seen."""
+        c = self.state.cumulative
+        if c is None or not c.drafts or not c.draft_tokens:
+            return None
+        return c.draft_tokens / c.drafts
+
+    def _error(self, reason: str) -> None:
+        self.state.errors += 1
+        if self._on_error is not None:
+            self._on_error()
+        if reason != self.state.last_error:
+            log.warning("scrape of %s failed: %s (traffic unaffected; attribution falls back)", self.url, reason)
+        self.state.last_error = reason
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for w in self._waiters:
+            if not w.done():
+                w.set_result(False)
+
+
+class ScrapeError(Exception):
+    pass

@@ -1,0 +1,389 @@
+"""The simulated vLLM V1 engine core: continuous batching with speculative decoding, and its ground truth.
+
+Pure: no sockets, no clock, no sleeping. The caller drives it one step at a time:
+
+    duration_s = core.begin_step()        # admit waiting requests, decide drafts, price the step
+    (wait duration_s, or advance a fake clock)
+    outputs = core.finish_step(now_s)     # draw acceptance, emit tokens, update counters and truth
+
+A newly admitted request spends its first step in prefill and gets exactly one token, no drafts. Every later
+step gives 1 + accepted tokens, where draft position i is accepted with the profile's conditional probability
+only if position i-1 was. A request cut by max_tokens still counts all of its last step's accepted drafts in
+the counters and its per-request stats, as vLLM does (the scheduler counts before the stop check truncates).
+A request that stops by itself ends exactly on its EOS, so the counters agree with what was emitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from specproxy.sim.config import Profile, SimConfig
+from specproxy.sim.corpus import EOS_TOKEN_ID, TokenSource
+
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
+
+
+@dataclass(slots=True)
+class RequestTruth:
+    """What really happened to one request. Times are seconds on the caller's clock (server: since start)."""
+
+    id: str
+    kind: str
+    profile: str
+    engine: int
+    prompt_tokens: int
+    max_tokens: int
+    natural_tokens: int
+    started_at_s: float
+    stream: bool = False
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    accepted: int = 0
+    counted_accepted: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    per_position: list[int] = field(default_factory=list)
+    per_step_accepted: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)
+    step_emitted: list[int] = field(default_factory=list)
+    aborted: bool = False
+    aborted_at_s: float | None = None
+    submitted_at_s: float | None = None
+    admitted_at_s: float | None = None
+    first_token_at_s: float | None = None
+    finished_at_s: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "profile": self.profile,
+            "engine": self.engine,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            "counted_accepted": self.counted_accepted,
+            "aborted": self.aborted,
+        }
+
+
+@dataclass(slots=True)
+class Totals:
+    """What one engine's /metrics counters should show since the last reset."""
+
+    k: int
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    per_position: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    read_bytes: int = 0
+    steps: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+
+    def __post_init__(self) -> None:
+        if not self.per_position:
+            self.per_position = [0] * self.k
+
+    def as_json(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """One request inside the engine: its generation plan, its random streams and its truth record."""
+
+    truth: RequestTruth
+    profile: Profile
+    text: TokenSource
+    accept_rng: random.Random
+    emitted: int = 0
+    prefilled: bool = False
+    drafted_now: int = 0
+    last_token_at_s: float | None = None
+
+    @property
+    def id(self) -> str:
+        return self.truth.id
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """One request's share of one step, as the API server receives it."""
+
+    request_id: str
+    texts: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    drafted: int
+    accepted_counted: int
+    completion_tokens: int
+    finish_reason: str | None
+    prefill: bool
+    ttft_s: float | None
+    itl_s: float | None
+    e2e_s: float | None
+    queue_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """Everything one step changed, for the metrics layer."""
+
+    engine: int
+    outputs: tuple[StepOutput, ...]
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    per_position: tuple[int, ...]
+    prompt_tokens: int
+    read_bytes: int
+
+
+def step_time_s(cfg: SimConfig, batch_size: int, max_drafted: int, prefill_tokens: int) -> float:
+    """The roofline step time (before `speed`): see the formula in config.py's module docstring."""
+    return (
+        cfg.model_bytes / cfg.bandwidth_bytes_s
+        + cfg.fixed_overhead_s
+        + cfg.per_draft_token_s * max_drafted
+        + cfg.per_seq_s * batch_size
+        + cfg.prefill_s_per_token * prefill_tokens
+    )
+
+
+def new_request(
+    cfg: SimConfig,
+    *,
+    request_id: str,
+    kind: str,
+    profile_name: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    engine: int,
+    started_at_s: float,
+    content_key: bytes,
+) -> SimRequest:
+    """Build a request whose text, length and acceptance draws depend only on the seed and `content_key`.
+
+    Text and acceptance use separate random streams, so the same request gets the same answer whatever the
+    speculative method or k: only how it is chunked into steps changes.
+    """
+    profile = cfg.profiles[profile_name]
+    digest = hashlib.blake2b(content_key, digest_size=16, key=str(cfg.seed).encode()[:64]).digest()
+    text_rng = random.Random(int.from_bytes(digest[:8], "big"))
+    accept_rng = random.Random(int.from_bytes(digest[8:], "big"))
+    natural = text_rng.randint(profile.min_output_tokens, profile.max_output_tokens)
+    truth = RequestTruth(
+        id=request_id,
+        kind=kind,
+        profile=profile_name,
+        engine=engine,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        natural_tokens=natural,
+        started_at_s=started_at_s,
+        per_position=[0] * cfg.k,
+    )
+    return SimRequest(truth=truth, profile=profile, text=TokenSource(profile.corpus, text_rng), accept_rng=accept_rng)
+
+
+class EngineCore:
+    """One data-parallel engine: a waiting queue, a running batch, counters and truth updates."""
+
+    def __init__(self, cfg: SimConfig, index: int = 0) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.k = cfg.k
+        self.totals = Totals(k=self.k)
+        self._pending: dict[str, SimRequest] = {}  # registered, not yet submitted (e.g. a stall fault)
+        self._waiting: deque[SimRequest] = deque()
+        self._running: dict[str, SimRequest] = {}
+        self._stepping: list[SimRequest] = []
+        self._prefill_tokens_now = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def reset_totals(self) -> None:
+        self.totals = Totals(k=self.k)
+
+    def register(self, req: SimRequest) -> None:
+        """Know about a request before it reaches the queue, so an abort can still be recorded."""
+        self._pending[req.id] = req
+
+    def submit(self, req: SimRequest, now_s: float) -> None:
+        self._pending.pop(req.id, None)
+        req.truth.submitted_at_s = now_s
+        self._waiting.append(req)
+
+    def abort(self, request_id: str, now_s: float, reason: str = "abort") -> bool:
+        """Remove a request wherever it is; count it as finished with `reason`. False if already finished."""
+        req = self._pending.pop(request_id, None) or self._running.pop(request_id, None)
+        if req is None:
+            for i, waiting in enumerate(self._waiting):
+                if waiting.id == request_id:
+                    req = waiting
+                    del self._waiting[i]
+                    break
+        if req is None:
+            return False
+        truth = req.truth
+        truth.finish_reason = reason
+        truth.finished_at_s = now_s
+        if reason == "abort":
+            truth.aborted = True
+            truth.aborted_at_s = now_s
+        self.totals.finished[reason] += 1
+        return True
+
+    def begin_step(self, now_s: float) -> float:
+        """Admit waiting requests, decide this step's drafts, and return its duration in model seconds."""
+        prefill_tokens = 0
+        while self._waiting and len(self._running) < self.cfg.max_num_seqs:
+            req = self._waiting.popleft()
+            self._running[req.id] = req
+            req.truth.admitted_at_s = now_s
+            prefill_tokens += req.truth.prompt_tokens
+        max_drafted = 0
+        for req in self._running.values():
+            req.drafted_now = self._draft_count(req) if req.prefilled else 0
+            max_drafted = max(max_drafted, req.drafted_now)
+        self._stepping = list(self._running.values())
+        self._prefill_tokens_now = prefill_tokens
+        return step_time_s(self.cfg, len(self._stepping), max_drafted, prefill_tokens)
+
+    def _draft_count(self, req: SimRequest) -> int:
+        if self.k == 0:
+            return 0
+        if self.cfg.spec_method != "ngram":
+            return self.k
+        rng = req.accept_rng
+        if rng.random() >= req.profile.ngram_draft_prob:
+            return 0  # no n-gram match: this step drafts nothing and counts nothing
+        # A short match proposes fewer than k tokens; most matches are long enough for all k.
+        return self.k if rng.random() < 0.8 else rng.randint(1, self.k)
+
+    def finish_step(self, now_s: float) -> StepReport:
+        """Run the verification of the step begun by `begin_step` and return what each request got."""
+        outputs: list[StepOutput] = []
+        drafts = draft_tokens = accepted_total = 0
+        per_pos = [0] * self.k
+        admitted_prompt = 0
+        for req in self._stepping:
+            if req.id not in self._running:
+                continue  # aborted while the step ran
+            truth = req.truth
+            prefill = not req.prefilled
+            if prefill:
+                req.prefilled = True
+                admitted_prompt += truth.prompt_tokens
+            drafted = req.drafted_now
+            accepted = 0
+            while accepted < drafted and req.accept_rng.random() < req.profile.accept_at(accepted):
+                accepted += 1
+            remaining_natural = truth.natural_tokens - req.emitted
+            remaining_max = truth.max_tokens - req.emitted
+            finish: str | None = None
+            if remaining_natural <= min(1 + accepted, remaining_max):
+                # The EOS arrives within this step: stop there; nothing after it was verified.
+                n_emit = remaining_natural
+                accepted = n_emit - 1
+                finish = "stop"
+            elif remaining_max <= 1 + accepted:
+                n_emit = remaining_max  # cut by max_tokens; `accepted` keeps the unemitted tail
+                finish = "length"
+            else:
+                n_emit = 1 + accepted
+            texts: list[str] = []
+            ids: list[int] = []
+            for i in range(n_emit):
+                if finish == "stop" and i == n_emit - 1:
+                    texts.append("")
+                    ids.append(EOS_TOKEN_ID)
+                else:
+                    piece, tid = req.text.next()
+                    texts.append(piece)
+                    ids.append(tid)
+            req.emitted += n_emit
+            if drafted:
+                drafts += 1
+                draft_tokens += drafted
+                accepted_total += accepted
+                for pos in range(accepted):
+                    per_pos[pos] += 1
+                    truth.per_position[pos] += 1
+                truth.drafts += 1
+                truth.draft_tokens += drafted
+                truth.counted_accepted += accepted
+                truth.per_step_accepted.append(accepted)
+                truth.per_step_drafted.append(drafted)
+            if not prefill:
+                truth.accepted += n_emit - 1
+            truth.completion_tokens = req.emitted
+            truth.step_emitted.append(n_emit)
+            ttft = itl = e2e = queue = None
+            if prefill:
+                truth.first_token_at_s = now_s
+                submitted = truth.submitted_at_s if truth.submitted_at_s is not None else now_s
+                ttft = now_s - submitted
+                queue = (truth.admitted_at_s if truth.admitted_at_s is not None else now_s) - submitted
+            elif req.last_token_at_s is not None:
+                itl = now_s - req.last_token_at_s
+            req.last_token_at_s = now_s
+            if finish is not None:
+                truth.finish_reason = finish
+                truth.finished_at_s = now_s
+                e2e = now_s - (truth.submitted_at_s if truth.submitted_at_s is not None else now_s)
+                self.totals.finished[finish] += 1
+                del self._running[req.id]
+            outputs.append(
+                StepOutput(
+                    request_id=req.id,
+                    texts=tuple(texts),
+                    token_ids=tuple(ids),
+                    drafted=drafted,
+                    accepted_counted=accepted,
+                    completion_tokens=req.emitted,
+                    finish_reason=finish,
+                    prefill=prefill,
+                    ttft_s=ttft,
+                    itl_s=itl,
+                    e2e_s=e2e,
+                    queue_s=queue,
+                )
+            )
+        self._stepping = []
+        t = self.totals
+        t.drafts += drafts
+        t.draft_tokens += draft_tokens
+        t.accepted += accepted_total
+        for pos, n in enumerate(per_pos):
+            t.per_position[pos] += n
+        t.prompt_tokens += admitted_prompt
+        t.generation_tokens += sum(len(o.token_ids) for o in outputs)
+        read_bytes = self.cfg.model_bytes if outputs else 0
+        t.read_bytes += read_bytes
+        t.steps += 1
+        return StepReport(
+            engine=self.index,
+            outputs=tuple(outputs),
+            drafts=drafts,
+            draft_tokens=draft_tokens,
+            accepted=accepted_total,
+            per_position=tuple(per_pos),
+            prompt_tokens=admitted_prompt,
+            read_bytes=read_bytes,
+        )

@@ -1,0 +1,61 @@
+"""Start the proxy on port 0 in the test's event loop, against any upstream URL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from aiohttp.test_utils import TestServer
+
+from specproxy.core.record import read_records
+from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.server import RECORDER, build_app
+from specproxy.recorder.recorder import Recorder, RecorderConfig
+
+
+class RunningProxy:
+    def __init__(self, server: TestServer, record: Path) -> None:
+        self.server = server
+        self.record = record
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    @property
+    def recorder(self) -> Recorder:
+        return self.server.app[RECORDER]  # type: ignore[index]
+
+    async def flush(self) -> None:
+        """Wait until every finished request's record is written."""
+        import asyncio
+
+        rec = self.recorder
+        for _ in range(500):
+            if not rec._finalizers and not rec.sink._queue:
+                return
+            await asyncio.sleep(0.01)
+
+    def records(self) -> list[dict[str, object]]:
+        return list(read_records(self.record)) if self.record.exists() else []
+
+
+@asynccontextmanager
+async def running_proxy(
+    upstream: str, tmp_path: Path, *, metrics: bool = True, **overrides: object
+) -> AsyncIterator[RunningProxy]:
+    record = tmp_path / "records.jsonl"
+    rec_over = {k[4:]: v for k, v in overrides.items() if k.startswith("rec_")}
+    cfg_over = {k: v for k, v in overrides.items() if not k.startswith("rec_")}
+    rcfg = RecorderConfig(
+        record_path=str(record), metrics_url=upstream + "/metrics" if metrics else None, finalize_wait_s=3.0
+    )
+    cfg = ProxyConfig(upstream=upstream, port=0, recorder=replace(rcfg, **rec_over), **cfg_over)  # type: ignore[arg-type]
+    server = TestServer(build_app(cfg), host="127.0.0.1", port=0, handler_cancellation=True)
+    await server.start_server()
+    try:
+        yield RunningProxy(server, record)
+    finally:
+        await server.close()

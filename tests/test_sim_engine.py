@@ -1,0 +1,247 @@
+"""The pure simulator engine, driven with a fake clock: determinism, acceptance, counters, speed shape."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from specproxy.sim.config import DEFAULT_PROFILES, Profile, SimConfig, load_profiles
+from specproxy.sim.corpus import CODE_LINES, EN_SENTENCES, EOS_TOKEN_ID, TokenSource, classify
+from specproxy.sim.engine import EngineCore, SimRequest, StepReport, new_request
+from specproxy.sim.wire import parse_faults
+
+LONG = {name: replace(p, min_output_tokens=1500, max_output_tokens=1500) for name, p in DEFAULT_PROFILES.items()}
+
+
+def make(cfg: SimConfig, i: int, profile: str = "code", max_tokens: int = 100_000, engine: int = 0) -> SimRequest:
+    return new_request(
+        cfg,
+        request_id=f"r{i}",
+        kind="chat",
+        profile_name=profile,
+        prompt_tokens=50,
+        max_tokens=max_tokens,
+        engine=engine,
+        started_at_s=0.0,
+        content_key=f"request {i}".encode(),
+    )
+
+
+def drive(core: EngineCore, now_s: float = 0.0) -> tuple[float, list[StepReport]]:
+    """Run the core until idle on a fake clock; return the clock and every step's report."""
+    reports = []
+    while core.has_work:
+        now_s += core.begin_step(now_s)
+        reports.append(core.finish_step(now_s))
+    return now_s, reports
+
+
+def run_batch(cfg: SimConfig, reqs: list[SimRequest]) -> tuple[EngineCore, list[StepReport]]:
+    core = EngineCore(cfg)
+    for r in reqs:
+        core.register(r)
+        core.submit(r, 0.0)
+    _, reports = drive(core)
+    return core, reports
+
+
+def tokens_per_s(cfg: SimConfig, profile: str, n: int = 30) -> float:
+    """Concurrency 1: one request at a time, total emitted tokens over total model time."""
+    core = EngineCore(cfg)
+    now = 0.0
+    tokens = 0
+    for i in range(n):
+        req = make(cfg, i, profile)
+        core.submit(req, now)
+        start = now
+        now, _ = drive(core, now)
+        assert now > start
+        tokens += req.truth.completion_tokens
+    return tokens / now
+
+
+def test_same_seed_same_everything_other_seed_differs() -> None:
+    cfg = SimConfig(seed=7)
+    a_core, a = run_batch(cfg, [make(cfg, i) for i in range(5)])
+    b_core, b = run_batch(cfg, [make(cfg, i) for i in range(5)])
+    assert [r.outputs for r in a] == [r.outputs for r in b]
+    assert a_core.totals == b_core.totals
+    other = SimConfig(seed=8)
+    _, c = run_batch(other, [make(other, i) for i in range(5)])
+    assert [r.outputs for r in a] != [r.outputs for r in c]
+
+
+def test_text_does_not_depend_on_speculation() -> None:
+    texts = []
+    for method, k in (("none", 3), ("mtp", 1), ("mtp", 5), ("ngram", 3)):
+        cfg = SimConfig(spec_method=method, num_speculative_tokens=k)
+        _, reports = run_batch(cfg, [make(cfg, 3, "other")])
+        texts.append("".join(t for r in reports for o in r.outputs for t in o.texts))
+    assert len(set(texts)) == 1 and len(texts[0]) > 50
+
+
+@pytest.mark.parametrize(("profile", "k"), [("code", 5), ("ja_chat", 3), ("other", 4)])
+def test_conditional_acceptance_per_position_matches_profile(profile: str, k: int) -> None:
+    cfg = SimConfig(num_speculative_tokens=k, profiles=LONG)
+    core, _ = run_batch(cfg, [make(cfg, i, profile) for i in range(12)])
+    t = core.totals
+    reached = [t.drafts, *t.per_position[:-1]]  # drafts that got as far as position i
+    for pos in range(k):
+        assert reached[pos] > 300
+        rate = t.per_position[pos] / reached[pos]
+        assert rate == pytest.approx(DEFAULT_PROFILES[profile].accept[pos], abs=0.05), (pos, rate)
+
+
+def test_counters_equal_sum_of_truth_and_prefill_gives_one_token() -> None:
+    cfg = SimConfig(max_num_seqs=4, num_speculative_tokens=4)
+    profiles = ["code", "ja_chat", "other"]
+    reqs = [make(cfg, i, profiles[i % 3], max_tokens=20 + 37 * i) for i in range(10)]
+    core, reports = run_batch(cfg, reqs)
+    truths = [r.truth for r in reqs]
+    t = core.totals
+    assert t.drafts == sum(x.drafts for x in truths)
+    assert t.draft_tokens == sum(x.draft_tokens for x in truths)
+    assert t.accepted == sum(x.counted_accepted for x in truths)
+    assert t.per_position == [sum(x.per_position[p] for x in truths) for p in range(4)]
+    assert t.generation_tokens == sum(x.completion_tokens for x in truths)
+    assert t.prompt_tokens == 50 * len(reqs)
+    assert t.finished["stop"] + t.finished["length"] == len(reqs)
+    assert max(len(r.outputs) for r in reports) == 4  # max_num_seqs held
+    for x in truths:
+        assert x.step_emitted[0] == 1
+        assert sum(x.step_emitted) == x.completion_tokens <= x.max_tokens
+        assert x.drafts == len(x.step_emitted) - 1  # mtp drafts on every decode step, never in prefill
+    prefills = [o for r in reports for o in r.outputs if o.prefill]
+    assert len(prefills) == len(reqs) and all(len(o.token_ids) == 1 and o.drafted == 0 for o in prefills)
+
+
+def test_length_cut_counts_the_unemitted_tail_and_stop_ends_on_eos() -> None:
+    cfg = SimConfig(num_speculative_tokens=4)
+    reqs = [make(cfg, i, "code", max_tokens=33) for i in range(40)]
+    run_batch(cfg, reqs)
+    tails = []
+    for r in reqs:
+        t = r.truth
+        assert t.accepted == t.completion_tokens - len(t.step_emitted)  # what the chunks show
+        if t.finish_reason == "length":
+            assert t.completion_tokens == 33
+            tails.append(t.counted_accepted - t.accepted)
+        else:
+            assert t.finish_reason == "stop" and t.counted_accepted == t.accepted
+    assert tails and all(0 <= d <= 4 for d in tails)
+    assert any(d > 0 for d in tails)  # some cut steps had accepted drafts that were never sent
+    stopped = [make(cfg, 1000 + i, "other", max_tokens=10_000) for i in range(5)]
+    _, reports = run_batch(cfg, stopped)
+    last = {o.request_id: o for r in reports for o in r.outputs if o.finish_reason}
+    assert all(
+        o.finish_reason == "stop" and o.token_ids[-1] == EOS_TOKEN_ID and o.texts[-1] == "" for o in last.values()
+    )
+
+
+def test_ngram_drafts_fewer_than_k_and_skips_steps() -> None:
+    cfg = SimConfig(spec_method="ngram", num_speculative_tokens=3, profiles=LONG)
+    reqs = [make(cfg, i, "ja_chat") for i in range(4)]
+    core, reports = run_batch(cfg, reqs)
+    t = core.totals
+    decode_steps = sum(len(r.truth.step_emitted) - 1 for r in reqs)
+    assert 1.0 < t.draft_tokens / t.drafts < 3.0
+    assert t.drafts / decode_steps == pytest.approx(DEFAULT_PROFILES["ja_chat"].ngram_draft_prob, abs=0.05)
+    assert all(o.accepted_counted == 0 for r in reports for o in r.outputs if o.drafted == 0)
+
+
+def test_no_speculation_counts_nothing() -> None:
+    cfg = SimConfig(spec_method="none")
+    core, reports = run_batch(cfg, [make(cfg, i) for i in range(3)])
+    assert core.totals.drafts == core.totals.draft_tokens == 0 and core.totals.per_position == []
+    assert all(len(o.token_ids) == 1 for r in reports for o in r.outputs)
+
+
+def test_roofline_shape_k1_beats_k3_beats_k5_for_japanese_chat_and_code_gains() -> None:
+    base = SimConfig(spec_method="none")
+    ja = {k: tokens_per_s(SimConfig(num_speculative_tokens=k), "ja_chat") for k in (1, 3, 5)}
+    ja_base = tokens_per_s(base, "ja_chat")
+    assert 100 < ja_base < 130  # the published 2B baseline, ~115 tok/s
+    assert ja[1] > ja[3] > ja[5]
+    assert 1.08 < ja[1] / ja_base < 1.3
+    assert ja[5] < ja_base
+    code = tokens_per_s(SimConfig(num_speculative_tokens=3), "code")
+    assert 1.6 < code / tokens_per_s(base, "code") < 2.0
+
+
+def test_a_bigger_batch_takes_longer_per_step() -> None:
+    cfg = SimConfig()
+    solo = EngineCore(cfg)
+    solo.submit(make(cfg, 1), 0.0)
+    t1 = solo.begin_step(0.0)
+    crowd = EngineCore(cfg)
+    for i in range(64):
+        crowd.submit(make(cfg, i), 0.0)
+    assert crowd.begin_step(0.0) > t1
+
+
+def test_abort_removes_from_batch_and_counts() -> None:
+    cfg = SimConfig()
+    core = EngineCore(cfg)
+    a, b = make(cfg, 1), make(cfg, 2)
+    core.submit(a, 0.0)
+    core.submit(b, 0.0)
+    core.begin_step(0.0)
+    assert core.abort("r1", 0.005)
+    report = core.finish_step(0.01)
+    assert [o.request_id for o in report.outputs] == ["r2"]
+    assert a.truth.aborted and a.truth.aborted_at_s == 0.005 and a.truth.finish_reason == "abort"
+    assert core.totals.finished["abort"] == 1
+    assert not core.abort("r1", 0.02)
+
+
+def test_classifier_and_corpus() -> None:
+    assert classify((Path(__file__).parent / "data" / "prompt-code.txt").read_text()) == "code"
+    assert classify("Hi! Can you tell me three fun facts about octopuses?") == "other"
+    assert classify("こんにちは、元気ですか。") == "ja_chat"
+    assert classify("Please fix this: int main() { return 0; }") == "code"
+    for corpus in ("code", "ja", "en"):
+        import random
+
+        src = TokenSource(corpus, random.Random(1))
+        pieces = [src.next()[0] for _ in range(300)]
+        assert all(pieces) and max(len(p) for p in pieces) <= 12
+        if corpus == "ja":
+            assert all(len(p) <= 3 for p in pieces)
+    assert "".join(TokenSource("en", random.Random(2)).next()[0] for _ in range(5))
+    assert len(CODE_LINES) >= 30 and len(EN_SENTENCES) >= 30
+
+
+def test_config_validation_and_profiles_file(tmp_path: Path) -> None:
+    SimConfig().validate()
+    bad = [
+        SimConfig(num_speculative_tokens=0),
+        SimConfig(engines=0),
+        SimConfig(speed=-1.0),
+        SimConfig(spec_method="medusa"),
+        SimConfig(metrics_fault="explode"),
+        SimConfig(per_request_spec_metrics="all"),
+        SimConfig(request_faults="status=200"),
+        SimConfig(profiles={"x": Profile(accept=(1.5,), ngram_draft_prob=0.5, corpus="en")}),
+    ]
+    for cfg in bad:
+        with pytest.raises(ValueError) as e:
+            cfg.validate()
+        assert "\n" not in str(e.value)
+    SimConfig(spec_method="none", num_speculative_tokens=0).validate()
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"code": {"accept": [0.9]}, "rag": {"accept": [0.7, 0.6], "corpus": "en"}}))
+    profiles = load_profiles(path)
+    assert profiles["code"].accept == (0.9,) and profiles["code"].corpus == "code"
+    assert profiles["rag"].ngram_draft_prob == DEFAULT_PROFILES["other"].ngram_draft_prob
+    assert profiles["rag"].accept_at(5) < profiles["rag"].accept_at(1)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_profiles(path)
+    with pytest.raises(ValueError, match="cannot read"):
+        load_profiles(tmp_path / "missing.json")
+    assert parse_faults("status=503, stall=0.5,reset_after=3").reset_after == 3
+    with pytest.raises(ValueError):
+        parse_faults("explode=1")
