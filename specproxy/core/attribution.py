@@ -124,13 +124,14 @@ def tokens_per_step_histogram(tokens_per_chunk: Sequence[int]) -> dict[str, int]
 
 @dataclass(slots=True)
 class _Activity:
-    steps: float = 0.0
-    weight: float = 0.0  # estimated accepted tokens (tokens - 1 per step)
-    weight_known: bool = True
+    steps: float = 0.0  # decode steps (the prefill chunk is not a speculative step)
+    tokens: float = 0.0  # tokens of every chunk, prefill included, as counted (exactly or approximately)
+    exact: bool = True  # every count came from usage or token ids
 
 
 @dataclass(slots=True)
 class _Attributed:
+    workload: str = ""
     accepted: float = 0.0
     drafts: float = 0.0
     draft_tokens: float = 0.0
@@ -140,6 +141,29 @@ class _Attributed:
     incomplete: bool = False  # some steps fell where no counter delta could be had
     reset: bool = False
     ended: bool = False
+    open_intervals: list[_Interval] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Interval:
+    """One settled scrape interval: its accepted-token delta waits here until each member request ends, so the
+    share is computed with the token calibration as it stands then (more intervals seen, better scales)."""
+
+    accepted: float
+    per_position: list[float]
+    members: dict[str, _Activity]
+    workloads: dict[str, str]
+
+    def share(self, rid: str, scales: Mapping[str, float]) -> float:
+        weights: dict[str, float] = {}
+        for member, act in self.members.items():
+            scale = 1.0 if act.exact else scales.get(self.workloads.get(member, ""), 1.0)
+            weights[member] = max(0.0, act.tokens * scale - act.steps)
+        total = sum(weights.values())
+        if total <= 0:  # no token estimate at all: by steps
+            steps = sum(a.steps for a in self.members.values())
+            return self.members[rid].steps / steps if steps else 0.0
+        return weights.get(rid, 0.0) / total
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +174,90 @@ class CounterAttribution:
     reset: bool
 
 
+class TokenCalibration:
+    """Per-workload scale from approximate token counts to the engine's, fitted across scrape intervals.
+
+    Without usage a chunk's tokens come from a tokenizer that is not the model's (on Japanese text cl100k or the
+    character approximation can be off by 2x or more), and differently so per workload. The engine's
+    ``generation_tokens`` counter is exact per interval, so ``generation_j ~= sum_w scale_w * approx_{w,j}`` over
+    many intervals gives each workload's scale (least squares, pulled gently towards 1 so that a workload seen in
+    few intervals keeps its raw counts).
+    """
+
+    MAX_WORKLOADS = 16
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._xtx: list[list[float]] = []
+        self._xty: list[float] = []
+        self.intervals = 0
+
+    def add(self, approx_by_workload: Mapping[str, float], generation_tokens: float) -> None:
+        cols = []
+        for w, a in approx_by_workload.items():
+            if a <= 0:
+                continue
+            if w not in self._names:
+                if len(self._names) >= self.MAX_WORKLOADS:
+                    continue
+                self._names.append(w)
+                for row in self._xtx:
+                    row.append(0.0)
+                self._xtx.append([0.0] * len(self._names))
+                self._xty.append(0.0)
+            cols.append((self._names.index(w), a))
+        if not cols:
+            return
+        self.intervals += 1
+        for i, ai in cols:
+            self._xty[i] += ai * generation_tokens
+            for j, aj in cols:
+                self._xtx[i][j] += ai * aj
+
+    def scales(self) -> dict[str, float]:
+        n = len(self._names)
+        if n == 0:
+            return {}
+        trace = sum(self._xtx[i][i] for i in range(n))
+        lam = 1e-3 * trace / n  # ridge towards scale 1
+        a = [[self._xtx[i][j] + (lam if i == j else 0.0) for j in range(n)] for i in range(n)]
+        b = [self._xty[i] + lam for i in range(n)]
+        sol = _solve(a, b)
+        if sol is None:
+            return {}
+        return {w: min(10.0, max(0.1, v)) for w, v in zip(self._names, sol, strict=True)}
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(b)
+    m = [[*row, b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-12:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            if f:
+                for c in range(col, n + 1):
+                    m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
+
+
 class CounterLedger:
     """Shares each scrape interval's counter deltas among the requests that stepped in it.
 
-    The recorder calls :meth:`step` for every decode step it sees, :meth:`cut` when it issues a scrape (the interval
-    closes there), then :meth:`settle` with the delta between that scrape and the previous good one, or :meth:`fail`
-    when the scrape failed: counters are cumulative, so the failed interval's activity simply joins the next one.
-    Drafts and draft tokens are shared in proportion to steps; accepted tokens (and per-position counts) in proportion
-    to each request's estimated accepted tokens there, or to steps when some request's token counts are unknown.
+    The recorder calls :meth:`tokens` for every token-bearing chunk it sees (``decode=False`` for the prefill
+    chunk), :meth:`cut` when it issues a scrape (the interval closes there), then :meth:`settle` with the delta
+    between that scrape and the previous good one, or :meth:`fail` when the scrape failed: counters are cumulative,
+    so the failed interval's activity simply joins the next one. Drafts and draft tokens are shared in proportion to
+    decode steps; accepted tokens (and per-position counts) in proportion to each request's accepted tokens there,
+    estimated as tokens minus steps, with approximate token counts first calibrated per workload against the
+    engine's generation counter (:class:`TokenCalibration`).
     """
 
     def __init__(self) -> None:
@@ -165,22 +265,23 @@ class CounterLedger:
         self._pending: list[tuple[int, dict[str, _Activity]]] = []
         self._seq = 0
         self._req: dict[str, _Attributed] = {}
+        self.calibration = TokenCalibration()
         self.unattributed = _Attributed()  # deltas that fell in intervals with no request of ours
         self.total = _Attributed()
         self.settled_steps = 0.0  # decode steps seen in intervals that got a delta
 
-    def begin(self, rid: str) -> None:
-        self._req[rid] = _Attributed()
+    def begin(self, rid: str, workload: str = "") -> None:
+        self._req[rid] = _Attributed(workload=workload)
 
-    def step(self, rid: str, tokens: int | None) -> None:
+    def tokens(self, rid: str, n: int, *, exact: bool, decode: bool = True) -> None:
         act = self._current.get(rid)
         if act is None:
             act = self._current[rid] = _Activity()
-        act.steps += 1
-        if tokens is None:
-            act.weight_known = False
-        else:
-            act.weight += max(0, tokens - 1)
+        if decode:
+            act.steps += 1
+        act.tokens += n
+        if not exact:
+            act.exact = False
 
     def end(self, rid: str) -> None:
         r = self._req.get(rid)
@@ -210,8 +311,8 @@ class CounterLedger:
             for rid, act in bucket.items():
                 m = merged.setdefault(rid, _Activity())
                 m.steps += act.steps
-                m.weight += act.weight
-                m.weight_known = m.weight_known and act.weight_known
+                m.tokens += act.tokens
+                m.exact = m.exact and act.exact
         accepted = delta.accepted or 0.0
         drafts = delta.drafts or 0.0
         draft_tokens = delta.draft_tokens or 0.0
@@ -222,25 +323,27 @@ class CounterLedger:
         if steps <= 0:
             _add(self.unattributed, accepted, drafts, draft_tokens, per_pos, 1.0)
             return
-        use_weight = all(a.weight_known for a in merged.values()) and sum(a.weight for a in merged.values()) > 0
-        weight_total = sum(a.weight for a in merged.values()) if use_weight else steps
+        if not all(a.exact for a in merged.values()) and delta.generation_tokens is not None and not reset:
+            approx: dict[str, float] = {}
+            for rid, act in merged.items():
+                w = self._req[rid].workload if rid in self._req else ""
+                approx[w] = approx.get(w, 0.0) + act.tokens
+            self.calibration.add(approx, delta.generation_tokens)
+        interval = _Interval(
+            accepted, per_pos, merged, {rid: self._req[rid].workload for rid in merged if rid in self._req}
+        )
         shared = len(merged) > 1
         for rid, act in merged.items():
             r = self._req.get(rid)
             if r is None:
                 continue
             ws = act.steps / steps
-            wa = (act.weight if use_weight else act.steps) / weight_total
             r.drafts += drafts * ws
             r.draft_tokens += draft_tokens * ws
-            r.accepted += accepted * wa
-            if len(r.per_position) < len(per_pos):
-                r.per_position.extend([0.0] * (len(per_pos) - len(r.per_position)))
-            for i, v in enumerate(per_pos):
-                r.per_position[i] += v * wa
             r.intervals += 1
             r.shared = r.shared or shared
             r.reset = r.reset or reset
+            r.open_intervals.append(interval)
 
     @property
     def draft_fraction(self) -> float | None:
@@ -250,19 +353,26 @@ class CounterLedger:
             return None
         return self.total.drafts / self.settled_steps
 
-    def pending_for(self, rid: str) -> bool:
-        """Whether ``rid`` still has steps waiting for a delta (in the open interval or a cut one)."""
-        return rid in self._current or any(rid in bucket for _, bucket in self._pending)
-
     def pop(self, rid: str) -> CounterAttribution | None:
         """Final figures for an ended request (None when none of its steps was ever covered by a delta)."""
-        self._current.pop(rid, None)
-        for _, bucket in self._pending:
-            if bucket.pop(rid, None) is not None:
-                self._req.get(rid, _Attributed()).incomplete = True
         r = self._req.pop(rid, None)
+        if self._current.pop(rid, None) is not None and r is not None:
+            r.incomplete = True
+        for _, bucket in self._pending:
+            if bucket.pop(rid, None) is not None and r is not None:
+                r.incomplete = True
         if r is None or r.intervals == 0:
             return None
+        # accepted tokens are shared with the calibration as it stands now, over every interval of this request
+        scales = self.calibration.scales()
+        for interval in r.open_intervals:
+            share = interval.share(rid, scales)
+            r.accepted += interval.accepted * share
+            if len(r.per_position) < len(interval.per_position):
+                r.per_position.extend([0.0] * (len(interval.per_position) - len(r.per_position)))
+            for i, v in enumerate(interval.per_position):
+                r.per_position[i] += v * share
+        r.open_intervals.clear()
         k = r.draft_tokens / r.drafts if r.drafts else None
         est = SpecEstimate(
             accepted=r.accepted,

@@ -80,6 +80,11 @@ class ResponseTimeline:
         self._error: Any = None
         self._sum_tokens = 0
 
+    @property
+    def exact_counts(self) -> bool:
+        """Whether every chunk count so far came from the server (usage deltas or token ids)."""
+        return all(src in ("usage", "token_ids") for src in self._sources)
+
     # -- feeding ---------------------------------------------------------------------------------------------------
     def feed(self, t_ns: int, data: bytes) -> None:
         self.reads += 1

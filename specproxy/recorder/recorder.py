@@ -115,12 +115,13 @@ class Trace:
         if len(chunks) != before:
             ledger = self._recorder.ledger
             rid = self.meta.request_id
+            exact = tl.exact_counts
             for _, n in chunks[before:]:
                 if n <= 0:
                     continue
                 self._decode_steps_seen += 1
-                if self._decode_steps_seen > 1:  # the first token-bearing chunk is the prefill step
-                    ledger.step(rid, n)
+                # the first token-bearing chunk is the prefill step: tokens, but no speculative step
+                ledger.tokens(rid, n, exact=exact, decode=self._decode_steps_seen > 1)
 
     def add_overhead(self, ns: int) -> None:
         self.overhead_ns += ns
@@ -165,7 +166,7 @@ class Recorder:
     def begin(self, meta: RequestMeta) -> Trace:
         self.in_flight += 1
         self.metrics.in_flight.inc()
-        self.ledger.begin(meta.request_id)
+        self.ledger.begin(meta.request_id, meta.workload)
         self.scraper.kick()
         return Trace(self, meta)
 
