@@ -123,3 +123,33 @@ def key_shape(obj: Any) -> Any:
     if isinstance(obj, list):
         return [key_shape(v) for v in obj[:1]]
     return None
+
+
+@asynccontextmanager
+async def sim_process(*args: str) -> AsyncIterator[str]:
+    """``specproxy sim`` in its own process (as in production, the engine does not share the recorder's event
+    loop); yields its base URL."""
+    import asyncio
+    import re
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "specproxy",
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        *args,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        line = await asyncio.wait_for(proc.stderr.readline(), 20)
+        m = re.search(rb"(http://[\d.]+:\d+)", line)
+        assert m, line
+        yield m.group(1).decode()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()

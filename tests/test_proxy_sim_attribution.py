@@ -13,7 +13,7 @@ import pytest
 
 from specproxy.core.record import read_records
 from tests.proxyutil import RunningProxy, running_proxy
-from tests.simutil import CODE_PROMPT, JA_PROMPT, chat_body, running_sim, truth
+from tests.simutil import CODE_PROMPT, JA_PROMPT, chat_body, running_sim, sim_process, truth
 
 JA_PROMPTS = [
     "こんにちは。週末におすすめの過ごし方を教えてください。",
@@ -35,6 +35,13 @@ async def _send(s: aiohttp.ClientSession, url: str, body: dict[str, Any], worklo
         assert r.status == 200
         await r.read()
         return r.headers["X-Specproxy-Request-Id"]
+
+
+async def truth_at(s: aiohttp.ClientSession, url: str, rid: str) -> dict[str, Any]:
+    async with s.get(f"{url}/sim/requests/{rid}") as r:
+        assert r.status == 200
+        data: dict[str, Any] = await r.json()
+        return data
 
 
 async def _wait_ready(px: RunningProxy) -> None:
@@ -92,34 +99,35 @@ def _mixed_plan(n: int, seed: int) -> list[tuple[str, str]]:
 
 
 async def _mixed_run(
-    tmp_path: Path, *, usage: bool, concurrency: int = 32, n: int = 160, seed: int = 7
+    tmp_path: Path, *, usage: bool, concurrency: int = 32, n: int = 240, seed: int = 7
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """A mixed ja_chat / code_agent stream at ``concurrency`` through the proxy, the simulator in its own process
+    (as an engine is in production). Returns attributed and true (counter) figures per workload."""
     plan = _mixed_plan(n, seed)
-    speed = 8.0  # the simulator runs 8x faster than its model: scrape 8x as often to keep the default's 250 ms
     async with (
-        running_sim(speed=speed, seed=seed) as sim,
-        running_proxy(sim.url, tmp_path, rec_k=3, rec_scrape_interval_s=0.25 / speed) as px,
+        sim_process("--seed", str(seed)) as sim_url,
         aiohttp.ClientSession() as s,
     ):
-        await _wait_ready(px)
-        queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
-        for item in plan:
-            queue.put_nowait(item)
+        async with running_proxy(sim_url, tmp_path, rec_k=3) as px:
+            await _wait_ready(px)
+            queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            for item in plan:
+                queue.put_nowait(item)
 
-        async def worker() -> None:
-            while not queue.empty():
-                workload, prompt = queue.get_nowait()
-                body = chat_body(prompt, usage=usage, max_tokens=160)
-                await _send(s, px.url, body, workload)
+            async def worker() -> None:
+                while not queue.empty():
+                    workload, prompt = queue.get_nowait()
+                    body = chat_body(prompt, usage=usage, max_tokens=160)
+                    await _send(s, px.url, body, workload)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        await px.flush()
-        recs = px.records()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        # the proxy has shut down: every record is written, held ones with the final calibration
+        recs = list(read_records(tmp_path / "records.jsonl"))
         assert len(recs) == n
         measured: dict[str, dict[str, float]] = {}
         true: dict[str, dict[str, float]] = {}
         for rec in recs:
-            t = await truth(s, sim, rec["upstream_id"])
+            t = await truth_at(s, sim_url, rec["upstream_id"])
             m = measured.setdefault(rec["workload"], {"accepted": 0.0, "draft_tokens": 0.0})
             m["accepted"] += rec["spec"]["accepted"]
             m["draft_tokens"] += rec["spec"]["draft_tokens"]
@@ -151,7 +159,3 @@ async def test_mixed_concurrency_32_counters_only_within_3_points(tmp_path: Path
     assert {r["spec"]["source"] for r in recs} == {"counters"}
     for w in t:
         assert abs(m[w] - t[w]) <= 0.03, (w, m[w], t[w])
-
-
-def _unused() -> Any:
-    return read_records

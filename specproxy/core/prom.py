@@ -139,6 +139,8 @@ class SpecCounters:
     generation_tokens: float | None = None
     prompt_tokens: float | None = None
     read_bytes: float | None = None
+    decode_steps: float | None = None  # request-steps after the first token (the ITL histogram's count)
+    prefills: float | None = None  # first tokens (the TTFT histogram's count)
     acceptance_length_gauge: float | None = None  # SGLang / vLLM V0 publish gauges, not counters
     acceptance_rate_gauge: float | None = None
     notes: tuple[str, ...] = field(default=())
@@ -204,6 +206,13 @@ def spec_counters(engine: str, values: Mapping[SeriesKey, float]) -> SpecCounter
             generation_tokens=f(values, "vllm:generation_tokens_total"),
             prompt_tokens=f(values, "vllm:prompt_tokens_total"),
             read_bytes=f(values, "vllm:estimated_read_bytes_per_gpu_total"),
+            # vLLM observes inter_token_latency once per decode step per request (named time_per_output_token
+            # before 0.10), time_to_first_token once per request
+            decode_steps=_first(
+                f(values, "vllm:inter_token_latency_seconds_count"),
+                f(values, "vllm:time_per_output_token_seconds_count"),
+            ),
+            prefills=f(values, "vllm:time_to_first_token_seconds_count"),
             acceptance_rate_gauge=f(values, "vllm:spec_decode_draft_acceptance_rate"),
             notes=notes,
         )
@@ -230,6 +239,10 @@ def spec_counters(engine: str, values: Mapping[SeriesKey, float]) -> SpecCounter
             notes=("SGLang publishes acceptance as gauges recomputed every --decode-log-interval steps",),
         )
     return SpecCounters(engine=engine)
+
+
+def _first(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
 
 
 def gauge(snapshot: Snapshot, name: str) -> float | None:

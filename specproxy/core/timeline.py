@@ -81,6 +81,10 @@ class ResponseTimeline:
         self._sum_tokens = 0
 
     @property
+    def finish_reason(self) -> str | None:
+        return self._finish
+
+    @property
     def exact_counts(self) -> bool:
         """Whether every chunk count so far came from the server (usage deltas or token ids)."""
         return all(src in ("usage", "token_ids") for src in self._sources)

@@ -19,13 +19,13 @@ from typing import Any
 import aiohttp
 
 from specproxy.core.attribution import (
-    CounterLedger,
     SpecEstimate,
     from_chunks,
     from_llama_timings,
     from_server,
     tokens_per_step_histogram,
 )
+from specproxy.core.ledger import CounterLedger
 from specproxy.core.record import SCHEMA_VERSION, Record
 from specproxy.core.stats import step_and_token_gaps
 from specproxy.core.timeline import ResponseTimeline, TimelineResult
@@ -49,6 +49,9 @@ class RecorderConfig:
     scrape_interval_s: float = 0.25
     scrape_timeout_s: float = 2.0
     finalize_wait_s: float = 5.0  # how long a finished request waits for its closing scrape
+    # Without exact token counts, overlapping requests share counter deltas through a per-workload acceptance
+    # model that improves with every scrape interval: their records wait for it to settle up to this long.
+    calibration_hold_s: float = 60.0
     rotate_bytes: int = 256 * 1024 * 1024
     run_id: str | None = None
 
@@ -121,7 +124,7 @@ class Trace:
                     continue
                 self._decode_steps_seen += 1
                 # the first token-bearing chunk is the prefill step: tokens, but no speculative step
-                ledger.tokens(rid, n, exact=exact, decode=self._decode_steps_seen > 1)
+                ledger.tokens(rid, n, t_ns, exact=exact, decode=self._decode_steps_seen > 1)
 
     def add_overhead(self, ns: int) -> None:
         self.overhead_ns += ns
@@ -153,7 +156,9 @@ class Recorder:
             interval_s=config.scrape_interval_s,
             timeout_s=config.scrape_timeout_s,
             on_error=self.metrics.scrape_errors.inc,
+            on_settle=self._check_calibration,
         )
+        self._calibrated = asyncio.Event()
         self._finalizers: set[asyncio.Task[None]] = set()
         self.in_flight = 0
         self.workload_spec: dict[str, dict[str, float]] = {}
@@ -175,7 +180,8 @@ class Recorder:
         end_ns = time.perf_counter_ns()
         self.in_flight -= 1
         self.metrics.in_flight.dec()
-        self.ledger.end(trace.meta.request_id)
+        tl = trace.timeline
+        self.ledger.end(trace.meta.request_id, truncated=tl is not None and tl.finish_reason == "length")
         task = asyncio.get_running_loop().create_task(self._finalize(trace, outcome, error, end_ns))
         self._finalizers.add(task)
         task.add_done_callback(self._finalizers.discard)
@@ -187,6 +193,9 @@ class Recorder:
                 fut = self.scraper.request()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(fut), self.config.finalize_wait_s)
+            if self.ledger.needs_model(rid) and not self._calibrated.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._calibrated.wait(), self.config.calibration_hold_s)
             counters = self.ledger.pop(rid)
             rec = self.build_record(trace, outcome, error, end_ns, counters)
         except Exception as e:  # bookkeeping must never lose the record: write what is known
@@ -226,17 +235,18 @@ class Recorder:
             # alone on the engine the counters are exact: chunks merged steps if they show fewer steps than drafts
             if (
                 counter_est is not None
-                and not counters.shared
+                and not counters.overlapped
+                and counter_est.exact
                 and chunk_est is not None
                 and chunks_are_steps
-                and counter_est.drafts > chunk_est.drafts + 1
+                and counter_est.drafts > 1.05 * chunk_est.drafts + 1
             ):
                 flags.append("chunks_fewer_than_steps")
                 chunks_are_steps = False
         elif self.scraper.enabled and self.scraper.state.errors and tl.stream:
             flags.append("metrics_unavailable")
         fraction = self.ledger.draft_fraction
-        alone = counter_est is not None and counter_est.exact
+        alone = counters is not None and not counters.overlapped and counters.estimate.exact
         partial_drafting = (
             (k is not None and abs(k - round(k)) > 0.05)  # ngram proposes fewer than k tokens at times
             or (fraction is not None and fraction < 0.9)  # and drafts on some steps only
@@ -244,7 +254,7 @@ class Recorder:
                 alone
                 and chunk_est is not None
                 and counter_est is not None
-                and counter_est.drafts < chunk_est.drafts - 1
+                and counter_est.drafts < 0.95 * chunk_est.drafts - 1
             )
         )
         if chunk_est is not None and partial_drafting:
@@ -406,8 +416,13 @@ class Recorder:
             "records": {"written": self.sink.written, "dropped": self.sink.dropped, "sink_errors": self.sink.errors},
         }
 
+    def _check_calibration(self) -> None:
+        if not self._calibrated.is_set() and self.ledger.model.stable():
+            self._calibrated.set()
+
     async def close(self) -> None:
         """Finish every pending record (their closing scrapes included), then flush the sink."""
+        self._calibrated.set()  # records held for the acceptance model take it as it stands
         if self._finalizers:
             await asyncio.gather(*list(self._finalizers), return_exceptions=True)
         await self.scraper.close()

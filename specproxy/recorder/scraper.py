@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from specproxy.core.attribution import CounterLedger
+from specproxy.core.ledger import CounterLedger
 from specproxy.core.prom import (
     MetricsParseError,
     Snapshot,
@@ -56,6 +56,7 @@ class Scraper:
         min_gap_s: float = 0.02,
         on_error: Callable[[], None] | None = None,
         in_flight: Callable[[], int] | None = None,
+        on_settle: Callable[[], None] | None = None,
     ) -> None:
         self._session = session
         self.url = url
@@ -66,6 +67,7 @@ class Scraper:
         self._last_start = 0.0
         self._on_error = on_error
         self._in_flight = in_flight or ledger.in_flight
+        self._on_settle = on_settle
         self._last: Snapshot | None = None
         self._waiters: list[asyncio.Future[bool]] = []
         self._wake = asyncio.Event()
@@ -126,7 +128,7 @@ class Scraper:
 
     async def _scrape_once(self) -> bool:
         assert self.url is not None
-        seq = self._ledger.cut()
+        issued_ns = time.perf_counter_ns()
         try:
             async with self._session.get(
                 self.url,
@@ -138,14 +140,17 @@ class Scraper:
                 text = await resp.text(errors="replace")
             snap = parse_snapshot(text)
         except (aiohttp.ClientError, TimeoutError, MetricsParseError, ScrapeError, ValueError) as e:
-            self._ledger.fail(seq)
             self._error(str(e) or type(e).__name__)
             return False
+        # the engine read its counters somewhere during the scrape's flight: split activity at the middle
+        returned_ns = time.perf_counter_ns()
+        boundary_ns = (issued_ns + returned_ns) // 2
+        slack_ns = max(50_000_000, returned_ns - issued_ns)
         self.state.ok += 1
         self.state.last_error = None
         if self._last is None:
             self.state.engine = detect_engine(snap)
-            self._ledger.baseline(seq)
+            self._ledger.baseline(boundary_ns)
         else:
             d = delta(self._last, snap)
             if d.reset:
@@ -153,7 +158,9 @@ class Scraper:
             if self.state.engine == "unknown":
                 self.state.engine = detect_engine(snap)
             counters = spec_counters(self.state.engine, d.values)
-            self._ledger.settle(seq, counters, reset=d.reset)
+            self._ledger.settle(boundary_ns, counters, reset=d.reset, slack_ns=slack_ns)
+            if self._on_settle is not None:
+                self._on_settle()
             self._accumulate(counters)
         self.state.running = gauge(snap, "vllm:num_requests_running")
         self.state.waiting = gauge(snap, "vllm:num_requests_waiting")
