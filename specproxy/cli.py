@@ -33,10 +33,11 @@ def _root(
 
 
 def _register_commands() -> None:
-    from specproxy.commands import proxy, sim
+    from specproxy.commands import analysis, proxy, sim
 
     sim.register(app)
     proxy.register(app)
+    analysis.register(app)
 
 
 _register_commands()

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
-from specproxy.analysis import render
+from specproxy.analysis import render, render_advise, render_compare
 from specproxy.analysis.advise import DEFAULT_MAX_K, build_advice
 from specproxy.analysis.aggregate import (
     DEFAULT_GROUP_BY,
@@ -41,9 +41,11 @@ REPORT_FORMATS = ("table", "md", "csv", "json", "html")
 TABLE_FORMATS = ("table", "md", "csv", "json")
 ADVISE_FORMATS = ("table", "md", "json")
 
-RunsArg = Annotated[list[Path], typer.Argument(help="Record files (rotations included) or directories.",
-                                               show_default=False)]
-OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")]
+RunsArg = Annotated[
+    list[Path],
+    typer.Argument(metavar="RUN", help="Record files (rotations included) or directories.", show_default=False),
+]
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write here instead of stdout.")]
 
 
 def _guard(work: Callable[[], None]) -> None:
@@ -78,8 +80,9 @@ def _json(obj: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
-def _tabular(fmt: str, tables: list[Table], csv_data: tuple[list[str], list[list[Any]]] | None,
-             json_obj: dict[str, Any]) -> str:
+def _tabular(
+    fmt: str, tables: list[Table], csv_data: tuple[list[str], list[list[Any]]] | None, json_obj: dict[str, Any]
+) -> str:
     if fmt == "json":
         return _json(json_obj)
     if fmt == "md":
@@ -135,8 +138,12 @@ def run_compare(cfg: CompareConfig) -> None:
         c = build_comparison(records, cfg.baseline, cfg.metric)
     except ValueError as e:
         fail(str(e))
-    text = _tabular(cfg.format, render.compare_tables(c), render.compare_csv(c),
-                    render.compare_json(c, [str(p) for p in cfg.runs]))
+    text = _tabular(
+        cfg.format,
+        render_compare.compare_tables(c),
+        render_compare.compare_csv(c),
+        render_compare.compare_json(c, [str(p) for p in cfg.runs]),
+    )
     _emit(text, cfg.output)
 
 
@@ -161,14 +168,13 @@ def run_advise(cfg: AdviseConfig) -> None:
             fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(k[0] for k in known)}")
         records = [r for r in records if r.get("workload") in cfg.workloads]
     baseline = load_runs(cfg.baseline_runs) if cfg.baseline_runs else []
-    advice = build_advice(records, baseline, draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s,
-                          max_k=cfg.max_k)
+    advice = build_advice(records, baseline, draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s, max_k=cfg.max_k)
     if cfg.format == "json":
-        text = _json(render.advise_json(advice, [str(p) for p in cfg.runs]))
+        text = _json(render_advise.advise_json(advice, [str(p) for p in cfg.runs]))
     else:
-        tables = render.advise_tables(advice)
+        tables = render_advise.advise_tables(advice)
         body = render_md(tables) if cfg.format == "md" else render_text(tables)
-        text = render.cost_text(advice) + "\n\n" + body
+        text = render_advise.cost_text(advice) + "\n\n" + body
     _emit(text, cfg.output)
 
 
@@ -197,8 +203,9 @@ def _measurements(records: Sequence[Record]) -> list[tuple[str, float | None, fl
 
 def run_roofline(cfg: RooflineConfig) -> None:
     try:
-        r = roofline(cfg.params, cfg.bytes_per_param, cfg.bandwidth_bytes_s, cfg.active_params,
-                     cfg.extra_bytes_per_token)
+        r = roofline(
+            cfg.params, cfg.bytes_per_param, cfg.bandwidth_bytes_s, cfg.active_params, cfg.extra_bytes_per_token
+        )
     except ValueError as e:
         fail(str(e))
     measured: list[tuple[str, float | None, float | None]] = []
@@ -206,9 +213,16 @@ def run_roofline(cfg: RooflineConfig) -> None:
         measured.append(("given", cfg.measured_tok_s, None))
     if cfg.runs:
         measured.extend(_measurements(load_runs(cfg.runs)))
-    rows = render.roofline_rows(r, measured)
-    _emit(_tabular(cfg.format, render.roofline_tables(r, rows), (render.ROOFLINE_HEADERS, rows),
-                   render.roofline_json(r, rows)), cfg.output)
+    rows = render_advise.roofline_rows(r, measured)
+    _emit(
+        _tabular(
+            cfg.format,
+            render_advise.roofline_tables(r, rows),
+            (render_advise.ROOFLINE_HEADERS, rows),
+            render_advise.roofline_json(r, rows),
+        ),
+        cfg.output,
+    )
 
 
 def _parse(parse: Callable[[str], float], value: str, option: str) -> float:
@@ -224,7 +238,8 @@ def register(app: typer.Typer) -> None:
         runs: RunsArg,
         format: Annotated[str, typer.Option("--format", "-f", help="table, md, csv, json or html.")] = "table",
         by: Annotated[str, typer.Option(help=f"Group by these fields ({','.join(GROUP_FIELDS)}).")] = ",".join(
-            DEFAULT_GROUP_BY),
+            DEFAULT_GROUP_BY
+        ),
         output: OutputOpt = None,
         title: Annotated[str, typer.Option(help="Title of the HTML report.")] = "specproxy report",
     ) -> None:
@@ -240,16 +255,22 @@ def register(app: typer.Typer) -> None:
     def compare_cmd(
         runs: RunsArg,
         baseline: Annotated[str | None, typer.Option(help="Label of the baseline configuration.")] = None,
-        metric: Annotated[str, typer.Option(help="decode (median per-request decode tok/s) or output "
-                                                 "(aggregate output tok/s).")] = "decode",
+        metric: Annotated[
+            str, typer.Option(help="decode (median per-request decode tok/s) or output (aggregate output tok/s).")
+        ] = "decode",
         format: Annotated[str, typer.Option("--format", "-f", help="table, md, csv or json.")] = "table",
         output: OutputOpt = None,
     ) -> None:
         """Configuration | tok/s | speedup vs baseline | acceptance, per workload; medians over repeats."""
 
         def work() -> None:
-            cfg = CompareConfig(tuple(runs), baseline, _choice(metric, METRICS, "--metric"),
-                                _choice(format, TABLE_FORMATS, "--format"), output)
+            cfg = CompareConfig(
+                tuple(runs),
+                baseline,
+                _choice(metric, METRICS, "--metric"),
+                _choice(format, TABLE_FORMATS, "--format"),
+                output,
+            )
             run_compare(cfg)
 
         _guard(work)
@@ -257,13 +278,21 @@ def register(app: typer.Typer) -> None:
     @app.command("advise")
     def advise_cmd(
         runs: RunsArg,
-        baseline_run: Annotated[list[Path] | None, typer.Option(
-            help="A run without speculation (same concurrency): measures the base step time.")] = None,
-        draft_cost: Annotated[float | None, typer.Option(
-            help="Cost of one draft token as a fraction of a base step (default: fitted, else 0.15).")] = None,
+        baseline_run: Annotated[
+            list[Path] | None,
+            typer.Option(
+                metavar="PATH", help="A run without speculation (same concurrency): measures the base step time."
+            ),
+        ] = None,
+        draft_cost: Annotated[
+            float | None,
+            typer.Option(help="Cost of one draft token as a fraction of a base step (default: fitted, else 0.15)."),
+        ] = None,
         base_step_ms: Annotated[float | None, typer.Option(help="Base decode step time in ms.")] = None,
         max_k: Annotated[int, typer.Option(help="Largest k to predict.")] = DEFAULT_MAX_K,
-        workload: Annotated[list[str] | None, typer.Option(help="Only this workload (repeatable).")] = None,
+        workload: Annotated[
+            list[str] | None, typer.Option(metavar="NAME", help="Only this workload (repeatable).")
+        ] = None,
         format: Annotated[str, typer.Option("--format", "-f", help="table, md or json.")] = "table",
         output: OutputOpt = None,
     ) -> None:
@@ -276,9 +305,16 @@ def register(app: typer.Typer) -> None:
                 fail(f"--base-step-ms must be positive, got {base_step_ms}")
             if not 1 <= max_k <= 64:
                 fail(f"--max-k must be between 1 and 64, got {max_k}")
-            cfg = AdviseConfig(tuple(runs), tuple(baseline_run or ()), draft_cost,
-                               base_step_ms / 1000.0 if base_step_ms is not None else None, max_k,
-                               tuple(workload or ()), _choice(format, ADVISE_FORMATS, "--format"), output)
+            cfg = AdviseConfig(
+                tuple(runs),
+                tuple(baseline_run or ()),
+                draft_cost,
+                base_step_ms / 1000.0 if base_step_ms is not None else None,
+                max_k,
+                tuple(workload or ()),
+                _choice(format, ADVISE_FORMATS, "--format"),
+                output,
+            )
             run_advise(cfg)
 
         _guard(work)
@@ -286,14 +322,18 @@ def register(app: typer.Typer) -> None:
     @app.command("roofline")
     def roofline_cmd(
         params: Annotated[str, typer.Option(help="Total parameters, e.g. 27B or 3e9.", show_default=False)],
-        bytes_per_param: Annotated[float, typer.Option(help="Bytes per weight, e.g. 2 (FP16), 0.56 (4.5-bit).",
-                                                       show_default=False)],
-        bandwidth: Annotated[str, typer.Option(help="Memory bandwidth, e.g. 1.7TB/s, 1700GB/s, 1.7e12.",
-                                               show_default=False)],
+        bytes_per_param: Annotated[
+            float, typer.Option(help="Bytes per weight, e.g. 2 (FP16), 0.56 (4.5-bit).", show_default=False)
+        ],
+        bandwidth: Annotated[
+            str, typer.Option(help="Memory bandwidth, e.g. 1.7TB/s, 1700GB/s, 1.7e12.", show_default=False)
+        ],
         active_params: Annotated[str | None, typer.Option(help="Active parameters per token (MoE).")] = None,
         extra_bytes: Annotated[str, typer.Option(help="Other bytes read per token (KV cache...), e.g. 2GB.")] = "0",
         measured: Annotated[float | None, typer.Option(help="A measured decode tok/s to place.")] = None,
-        run: Annotated[list[Path] | None, typer.Option(help="Runs whose decode tok/s to place (repeatable).")] = None,
+        run: Annotated[
+            list[Path] | None, typer.Option(metavar="PATH", help="Runs whose decode tok/s to place (repeatable).")
+        ] = None,
         format: Annotated[str, typer.Option("--format", "-f", help="table, md, csv or json.")] = "table",
         output: OutputOpt = None,
     ) -> None:

@@ -1,0 +1,214 @@
+"""Pooling speculative-decoding figures over many records: acceptance, per-position rates, tokens per step, and the
+reconciliation of per-request estimates against the engine's counters.
+
+Pooling follows vLLM's own definitions (vllm/v1/spec_decode/metrics.py): acceptance rate = sum accepted / sum draft
+tokens, mean acceptance length = 1 + sum accepted / sum drafts, per-position rate = sum accepted at i / sum drafts.
+Summing first and dividing once weights every draft equally; averaging per-request rates would let a 3-token answer
+weigh as much as a 3000-token one. Pure: records in, numbers out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specproxy.core.record import Record
+
+
+def num(value: Any) -> float | None:
+    """A JSON number as float; None for null, booleans, strings and anything else (old or partial records)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def chunks_of(rec: Record) -> list[tuple[float, int]]:
+    """The record's ``chunks`` as ``[(offset_s, tokens)]``; malformed entries are skipped."""
+    out: list[tuple[float, int]] = []
+    raw = rec.get("chunks")
+    if not isinstance(raw, list):
+        return out
+    for item in raw:
+        if isinstance(item, list | tuple) and len(item) >= 2:
+            t, n = num(item[0]), num(item[1])
+            if t is not None and n is not None:
+                out.append((t, int(n)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """Per-request estimates (server, else chunks) against the counters' attribution, over the same requests."""
+
+    requests: int
+    per_request_accepted: float
+    counters_accepted: float
+    per_request_draft_tokens: float
+    counters_draft_tokens: float
+
+    @staticmethod
+    def _gap(ours: float, counters: float) -> float | None:
+        return None if ours <= 0 else (counters - ours) / ours * 100.0
+
+    @property
+    def accepted_gap_pct(self) -> float | None:
+        """(counters - per-request) / per-request in percent: positive when the counters saw more."""
+        return self._gap(self.per_request_accepted, self.counters_accepted)
+
+    @property
+    def draft_tokens_gap_pct(self) -> float | None:
+        return self._gap(self.per_request_draft_tokens, self.counters_draft_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    """Pooled speculative figures of a set of records. Counts are floats: counter attribution shares deltas."""
+
+    spec_requests: int
+    accepted: float
+    drafts: float
+    draft_tokens: float
+    per_position: tuple[float, ...]
+    sources: Mapping[str, int]
+    tokens_per_step: Mapping[int, int]
+    reconciliation: Reconciliation | None
+    k: int | None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
+
+    @property
+    def position_rates(self) -> tuple[float, ...]:
+        """Accepted at position i per draft: the unconditional per-position acceptance curve."""
+        if self.drafts <= 0:
+            return ()
+        return tuple(a / self.drafts for a in self.per_position)
+
+
+def _tokens_per_step_from_chunks(rec: Record) -> Counter[int]:
+    # Only for records without a spec block (e.g. a run without speculation): every decode step after the
+    # prefill chunk, when chunks are steps.
+    hist: Counter[int] = Counter()
+    if rec.get("chunks_are_steps") is True:
+        steps = [n for _, n in chunks_of(rec) if n > 0]
+        hist.update(steps[1:])
+    return hist
+
+
+def pool_acceptance(records: Iterable[Record]) -> Acceptance:
+    accepted = drafts = draft_tokens = 0.0
+    per_position: list[float] = []
+    sources: Counter[str] = Counter()
+    hist: Counter[int] = Counter()
+    ks: Counter[int] = Counter()
+    spec_requests = 0
+    rec_n = 0
+    rec_ours = [0.0, 0.0]
+    rec_counters = [0.0, 0.0]
+    for rec in records:
+        spec = rec.get("spec")
+        if not isinstance(spec, dict):
+            hist.update(_tokens_per_step_from_chunks(rec))
+            continue
+        spec_requests += 1
+        source = spec.get("source")
+        sources[source if isinstance(source, str) else "none"] += 1
+        accepted += num(spec.get("accepted")) or 0.0
+        drafts += num(spec.get("drafts")) or 0.0
+        draft_tokens += num(spec.get("draft_tokens")) or 0.0
+        _add_positions(per_position, spec.get("per_position"))
+        k = num(spec.get("k"))
+        if k is not None and k > 0:
+            ks[int(k)] += 1
+        for key, n in as_dict(spec.get("tokens_per_step")).items():
+            count = num(n)
+            if str(key).isdigit() and count is not None:
+                hist[int(key)] += int(count)
+        est = as_dict(spec.get("estimates"))
+        ours = est.get("server") if isinstance(est.get("server"), dict) else est.get("chunks")
+        counters = est.get("counters")
+        # Only records that had a figure to report: a run without speculation has empty estimates.
+        if isinstance(source, str) and isinstance(ours, dict) and isinstance(counters, dict):
+            rec_n += 1
+            rec_ours[0] += num(ours.get("accepted")) or 0.0
+            rec_ours[1] += num(ours.get("draft_tokens")) or 0.0
+            rec_counters[0] += num(counters.get("accepted")) or 0.0
+            rec_counters[1] += num(counters.get("draft_tokens")) or 0.0
+    reconciliation = (
+        Reconciliation(rec_n, rec_ours[0], rec_counters[0], rec_ours[1], rec_counters[1]) if rec_n else None
+    )
+    return Acceptance(
+        spec_requests=spec_requests,
+        accepted=accepted,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        per_position=tuple(per_position),
+        sources=dict(sources),
+        tokens_per_step=dict(sorted(hist.items())),
+        reconciliation=reconciliation,
+        k=ks.most_common(1)[0][0] if ks else None,
+    )
+
+
+def _add_positions(into: list[float], raw: Any) -> None:
+    if not isinstance(raw, list):
+        return
+    for i, v in enumerate(raw):
+        x = num(v) or 0.0
+        if i < len(into):
+            into[i] += x
+        else:
+            into.append(x)
+
+
+def conditional_rates(records: Iterable[Record]) -> tuple[float, ...]:
+    """Conditional acceptance per position: p_0 = accepted_0 / drafts, p_i = accepted_i / accepted_(i-1).
+
+    Each position pools only the records that drafted that deep, so runs with different k can be pooled: a k=1 run
+    says nothing about position 1 and must not dilute it.
+    """
+    numer: list[float] = []
+    denom: list[float] = []
+    for rec in records:
+        spec = rec.get("spec")
+        if not isinstance(spec, dict):
+            continue
+        drafts = num(spec.get("drafts")) or 0.0
+        raw = spec.get("per_position")
+        if drafts <= 0 or not isinstance(raw, list):
+            continue
+        pp = [num(v) or 0.0 for v in raw]
+        for i, a in enumerate(pp):
+            if i == len(numer):
+                numer.append(0.0)
+                denom.append(0.0)
+            numer[i] += a
+            denom[i] += drafts if i == 0 else pp[i - 1]
+    out: list[float] = []
+    for a, d in zip(numer, denom, strict=True):
+        if d <= 0:
+            break  # nothing reached this position: the curve ends here
+        out.append(min(1.0, a / d))
+    return tuple(out)
+
+
+def expected_tokens_per_step(conditional: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{j=1..k} prod_{i<j} p_i; positions beyond the list repeat its last rate."""
+    if k <= 0 or not conditional:
+        return 1.0
+    total, survive = 1.0, 1.0
+    for j in range(k):
+        survive *= conditional[min(j, len(conditional) - 1)]
+        total += survive
+    return total

@@ -1,0 +1,252 @@
+"""``specproxy advise``: from measured acceptance per draft position, which k (draft tokens per step) pays off.
+
+Model. With conditional acceptance p_i (position i accepted given position i-1 was), a step that drafts k tokens
+emits E(k) = 1 + sum_{j=1..k} prod_{i<j} p_i tokens on average. A step costs step(k) = base_step_s * (1 + c * k),
+where c is the cost of one draft token as a fraction of a plain decode step (drafting plus verifying it). The
+predicted speedup over no speculation is E(k) / (1 + c * k); the recommended k is the smallest within 1% of the best
+(a draft that buys less than 1% is not worth its cost under load), or 0 ("don't speculate") if nothing beats 1.0.
+
+c comes from ``--draft-cost``, else is fitted from the median inter-step gaps of runs with different k (a run
+without speculation counts as k = 0), else defaults to :data:`DEFAULT_DRAFT_COST`. Inter-step gaps depend on batch
+size, so only runs at the same concurrency should be fitted together. Pure: records in, advice out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from specproxy.analysis.acceptance import (
+    Acceptance,
+    as_dict,
+    conditional_rates,
+    expected_tokens_per_step,
+    pool_acceptance,
+)
+from specproxy.analysis.aggregate import gaps, group_records, is_ok
+from specproxy.core.record import Record
+from specproxy.core.stats import median
+
+# A middle-of-the-road figure: MTP heads and small draft models cost roughly 10-20% of a target step per drafted
+# token at batch 1 (the simulator's default profile is 20%). Measure it (--baseline-run) when it matters.
+DEFAULT_DRAFT_COST = 0.15
+DEFAULT_MAX_K = 8
+TOLERANCE = 0.01
+MIN_REQUESTS = 20
+MIN_DRAFT_TOKENS = 1000
+ZERO_ACCEPTANCE = 0.02
+
+WARN_BROKEN_HEAD = "drafts produced, every one rejected: is the speculative head broken, e.g. by quantization?"
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    draft_cost: float
+    base_step_s: float | None
+    source: str  # "given", "fitted" or "default"
+    points: tuple[tuple[int, float], ...]  # (k, median inter-step gap in seconds) per configuration
+
+
+@dataclass(frozen=True, slots=True)
+class KPrediction:
+    k: int
+    expected_tokens_per_step: float
+    relative_step_cost: float
+    speedup: float
+    tok_s: float | None
+    extrapolated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadAdvice:
+    workload: str
+    requests: int
+    draft_tokens: float
+    measured_k: int | None
+    acceptance_rate: float | None
+    conditional: tuple[float, ...]
+    predictions: tuple[KPrediction, ...]
+    recommended_k: int | None
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    cost: CostModel
+    workloads: tuple[WorkloadAdvice, ...]
+
+
+def config_k(records: Sequence[Record]) -> int:
+    acc = pool_acceptance(records)
+    if acc.k:
+        return acc.k
+    if acc.drafts > 0:
+        return max(1, round(acc.draft_tokens / acc.drafts))
+    return 0
+
+
+def step_points(records: Iterable[Record]) -> list[tuple[int, float]]:
+    """(k, median inter-step gap) per label: the data a cost fit needs."""
+    out: list[tuple[int, float]] = []
+    for _, recs in group_records(records, ("label",)).items():
+        steps, _ = gaps(r for r in recs if is_ok(r))
+        m = median(steps)
+        if m is not None and m > 0:
+            out.append((config_k(recs), m))
+    return out
+
+
+def fit_cost(points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """Least squares step = a + b * k over points with at least two distinct k; returns (base_step_s, c = b / a)."""
+    if len({k for k, _ in points}) < 2:
+        return None
+    n = len(points)
+    mk = sum(k for k, _ in points) / n
+    ms = sum(s for _, s in points) / n
+    sxx = sum((k - mk) ** 2 for k, _ in points)
+    b = sum((k - mk) * (s - ms) for k, s in points) / sxx
+    a = ms - b * mk
+    if a <= 0:
+        return None
+    return a, max(0.0, b / a)  # noise can make a slope negative; drafting is never free-er than not drafting
+
+
+def cost_model(
+    points: Sequence[tuple[int, float]], draft_cost: float | None = None, base_step_s: float | None = None
+) -> CostModel:
+    fitted = fit_cost(points)
+    if draft_cost is not None:
+        c, source = draft_cost, "given"
+    elif fitted is not None:
+        c, source = fitted[1], "fitted"
+    else:
+        c, source = DEFAULT_DRAFT_COST, "default"
+    if base_step_s is None:
+        zero = [s for k, s in points if k == 0]
+        if zero:
+            base_step_s = median(zero)
+        elif fitted is not None:
+            base_step_s = fitted[0]
+        elif points:
+            base_step_s = median([s / (1.0 + c * k) for k, s in points])
+    return CostModel(draft_cost=c, base_step_s=base_step_s, source=source, points=tuple(points))
+
+
+def predict(conditional: Sequence[float], cost: CostModel, max_k: int = DEFAULT_MAX_K) -> tuple[KPrediction, ...]:
+    out: list[KPrediction] = []
+    for k in range(max_k + 1):
+        e = expected_tokens_per_step(conditional, k)
+        rel = 1.0 + cost.draft_cost * k
+        tok_s = e / (cost.base_step_s * rel) if cost.base_step_s else None
+        out.append(KPrediction(k, e, rel, e / rel, tok_s, extrapolated=k > len(conditional)))
+    return tuple(out)
+
+
+def recommend(predictions: Sequence[KPrediction], tolerance: float = TOLERANCE) -> int:
+    best = max(p.speedup for p in predictions)
+    if best <= 1.0:
+        return 0
+    return min(p.k for p in predictions if p.speedup >= best * (1.0 - tolerance))
+
+
+def _thinking(records: Sequence[Record]) -> tuple[int, int]:
+    """(requests that turned thinking on, responses that contain reasoning)."""
+    asked = shown = 0
+    for r in records:
+        kwargs = as_dict(as_dict(r.get("request")).get("chat_template_kwargs"))
+        if kwargs.get("enable_thinking") is True:
+            asked += 1
+        text = r.get("response_text")
+        if isinstance(text, str) and "<think>" in text and "<think></think>" not in text.replace("\n", ""):
+            shown += 1
+    return asked, shown
+
+
+def warnings_for(records: Sequence[Record], acc: Acceptance) -> list[str]:
+    out: list[str] = []
+    zero_flagged = sum(1 for r in records if "spec_zero_acceptance" in (r.get("flags") or []))
+    if acc.draft_tokens > 0 and (acc.acceptance_rate or 0.0) < ZERO_ACCEPTANCE:
+        out.append(f"{WARN_BROKEN_HEAD} ({acc.accepted:.0f} of {acc.draft_tokens:.0f} draft tokens accepted)")
+    elif zero_flagged:
+        out.append(f"{zero_flagged} requests accepted no draft at all (flag spec_zero_acceptance)")
+    asked, shown = _thinking(records)
+    if asked:
+        out.append(
+            f"thinking was on in {asked} requests (chat_template_kwargs.enable_thinking=true): reasoning text "
+            "changes acceptance; send enable_thinking=false if the workload means it off"
+        )
+    if shown:
+        out.append(
+            f"{shown} responses contain <think> reasoning: thinking is on (the server's default chat template?); "
+            "turn it off if the workload means it off"
+        )
+    streamed = [r for r in records if r.get("stream")]
+    not_steps = [
+        r
+        for r in streamed
+        if r.get("chunks_are_steps") is False
+        or {"multi_event_reads", "stream_interval_suspected"} & set(r.get("flags") or [])
+    ]
+    if not_steps:
+        out.append(
+            f"{len(not_steps)} of {len(streamed)} streamed requests have chunks that don't map to engine steps "
+            "(buffering in between, or a stream interval): per-step latency and chunk-based acceptance are unreliable"
+        )
+    if len(records) < MIN_REQUESTS or acc.draft_tokens < MIN_DRAFT_TOKENS:
+        out.append(
+            f"only {len(records)} requests and {acc.draft_tokens:.0f} draft tokens: too few for a stable figure "
+            f"(want at least {MIN_REQUESTS} requests and {MIN_DRAFT_TOKENS} draft tokens)"
+        )
+    return out
+
+
+def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, max_k: int) -> WorkloadAdvice:
+    acc = pool_acceptance(records)
+    cond = conditional_rates(records)
+    warnings = warnings_for(records, acc)
+    notes: list[str] = []
+    if not cond:
+        warnings.insert(0, "no speculative decoding in these records: run with speculation to measure acceptance")
+        preds: tuple[KPrediction, ...] = ()
+        rec_k: int | None = None
+    else:
+        preds = predict(cond, cost, max_k)
+        rec_k = recommend(preds)
+        if max_k > len(cond):
+            notes.append(
+                f"positions beyond {len(cond)} were not measured: they repeat the last conditional rate "
+                f"({cond[-1]:.2f}), which likely flatters large k"
+            )
+    return WorkloadAdvice(
+        workload=workload,
+        requests=len(records),
+        draft_tokens=acc.draft_tokens,
+        measured_k=acc.k,
+        acceptance_rate=acc.acceptance_rate,
+        conditional=cond,
+        predictions=preds,
+        recommended_k=rec_k,
+        warnings=tuple(warnings),
+        notes=tuple(notes),
+    )
+
+
+def build_advice(
+    records: Iterable[Record],
+    baseline_records: Iterable[Record] = (),
+    *,
+    draft_cost: float | None = None,
+    base_step_s: float | None = None,
+    max_k: int = DEFAULT_MAX_K,
+) -> Advice:
+    recs = list(records)
+    base = list(baseline_records)
+    # A baseline run is k = 0 whatever its records say: it is the reference step time.
+    points = step_points(recs) + [(0, s) for _, s in step_points(base)]
+    cost = cost_model(points, draft_cost, base_step_s)
+    by_workload = group_records(recs, ("workload",))
+    return Advice(
+        cost=cost,
+        workloads=tuple(advise_workload(key[0], grp, cost, max_k) for key, grp in by_workload.items()),
+    )

@@ -1,0 +1,255 @@
+"""The report's figures: records grouped (by workload and label by default), each group summarised.
+
+Latency and decode-rate figures use requests that finished ``ok``; counts cover every request. When records carry a
+``repeat`` index, every scalar figure is computed once per repeat (one partition per ``run_id`` and ``repeat``) and
+reported as the median over repeats with the min-max spread: the published method (one warm-up, then five measured
+runs, medians). Per-position acceptance and histograms are pooled over all repeats. Pure: records in, figures out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specproxy.analysis.acceptance import Acceptance, chunks_of, num, pool_acceptance
+from specproxy.core.record import Record
+from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
+
+GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "path", "method")
+DEFAULT_GROUP_BY = ("workload", "label")
+NONE_KEY = "(none)"
+
+# Scalar figures, in the order tables show them. Units are in the names: `_s` seconds, `_tok_s` tokens per second.
+FIGURES = (
+    "decode_tok_s_p50",
+    "output_tok_s",
+    "ttft_s_p50",
+    "ttft_s_p90",
+    "ttft_s_p99",
+    "itl_s_p50",
+    "itl_s_p99",
+    "step_s_p50",
+    "step_s_p99",
+    "tpot_s_p50",
+    "tpot_s_p90",
+    "e2e_s_p50",
+    "e2e_s_p90",
+    "e2e_s_p99",
+    "acceptance_rate",
+    "mean_acceptance_length",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One scalar: the value (median over repeats when repeated), its min-max over repeats, and how many repeats
+    gave a value (1 without repeats, where min == max == value)."""
+
+    value: float | None
+    min: float | None
+    max: float | None
+    n: int
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {"value": self.value, "min": self.min, "max": self.max, "n": self.n}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReport:
+    key: tuple[tuple[str, str], ...]
+    requests: int
+    outcomes: Mapping[str, int]
+    repeats: int
+    figures: Mapping[str, Figure]
+    acceptance: Acceptance
+    token_sources: Mapping[str, int]
+    chunks_not_steps: int
+    truncated: int
+
+    @property
+    def errors(self) -> int:
+        return self.requests - self.outcomes.get("ok", 0)
+
+    def get(self, field: str) -> str | None:
+        return dict(self.key).get(field)
+
+    def figure(self, name: str) -> float | None:
+        fig = self.figures.get(name)
+        return fig.value if fig is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    group_by: tuple[str, ...]
+    groups: tuple[GroupReport, ...]
+    requests: int
+
+
+def key_value(rec: Record, field: str) -> str:
+    v = rec.get(field)
+    return NONE_KEY if v is None else str(v)
+
+
+def group_records(records: Iterable[Record], by: Sequence[str]) -> dict[tuple[str, ...], list[Record]]:
+    """Records per key, keys ordered by each field's first appearance (so labels keep the order runs were given)."""
+    groups: dict[tuple[str, ...], list[Record]] = {}
+    first_seen: list[dict[str, int]] = [{} for _ in by]
+    for rec in records:
+        key = tuple(key_value(rec, f) for f in by)
+        for seen, v in zip(first_seen, key, strict=True):
+            seen.setdefault(v, len(seen))
+        groups.setdefault(key, []).append(rec)
+    return dict(sorted(groups.items(), key=lambda kv: [s[v] for s, v in zip(first_seen, kv[0], strict=True)]))
+
+
+def partitions(records: Sequence[Record]) -> list[list[Record]]:
+    """One partition per (run_id, repeat) when any record has a repeat index; else one partition of everything."""
+    if all(r.get("repeat") is None for r in records):
+        return [list(records)]
+    parts: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        parts.setdefault((key_value(r, "run_id"), key_value(r, "repeat")), []).append(r)
+    return list(parts.values())
+
+
+def is_ok(rec: Record) -> bool:
+    return rec.get("outcome") == "ok"
+
+
+def request_tok_s(rec: Record) -> float | None:
+    """The record's decode tok/s, or the same figure computed from its chunks (older records)."""
+    v = num(rec.get("decode_tok_s"))
+    return v if v is not None else decode_tok_s(chunks_of(rec))
+
+
+def request_tpot_s(rec: Record) -> float | None:
+    v = num(rec.get("tpot_s"))
+    if v is not None:
+        return v
+    rate = decode_tok_s(chunks_of(rec))
+    return 1.0 / rate if rate else None
+
+
+def values(records: Iterable[Record], get: Callable[[Record], float | None]) -> list[float]:
+    return [v for v in map(get, records) if v is not None]
+
+
+def field_getter(name: str) -> Callable[[Record], float | None]:
+    return lambda r: num(r.get(name))
+
+
+def gaps(records: Iterable[Record]) -> tuple[list[float], list[float]]:
+    """Pooled (inter-step, inter-token) gaps over the records' chunk timelines."""
+    steps: list[float] = []
+    tokens: list[float] = []
+    for rec in records:
+        s, t = step_and_token_gaps(chunks_of(rec))
+        steps.extend(s)
+        tokens.extend(t)
+    return steps, tokens
+
+
+def output_tok_s(records: Sequence[Record]) -> float | None:
+    """Sum of completion tokens over the wall-clock span from the first start to the last end."""
+    spans = [
+        (s, s + e)
+        for r in records
+        if (s := num(r.get("started_at"))) is not None and (e := num(r.get("e2e_s"))) is not None
+    ]
+    tokens = sum(num(r.get("completion_tokens")) or 0.0 for r in records)
+    if not spans:
+        return None
+    span = max(end for _, end in spans) - min(start for start, _ in spans)
+    return tokens / span if span > 0 else None
+
+
+def scalar_figures(records: Sequence[Record]) -> dict[str, float | None]:
+    """Every figure of :data:`FIGURES` for one partition of records."""
+    ok = [r for r in records if is_ok(r)]
+    ttft = values(ok, field_getter("ttft_s"))
+    e2e = values(ok, field_getter("e2e_s"))
+    tpot = values(ok, request_tpot_s)
+    step, token = gaps(ok)
+    acc = pool_acceptance(records)
+    return {
+        "decode_tok_s_p50": median(values(ok, request_tok_s)),
+        "output_tok_s": output_tok_s(records),
+        "ttft_s_p50": percentile(ttft, 50),
+        "ttft_s_p90": percentile(ttft, 90),
+        "ttft_s_p99": percentile(ttft, 99),
+        "itl_s_p50": percentile(token, 50),
+        "itl_s_p99": percentile(token, 99),
+        "step_s_p50": percentile(step, 50),
+        "step_s_p99": percentile(step, 99),
+        "tpot_s_p50": percentile(tpot, 50),
+        "tpot_s_p90": percentile(tpot, 90),
+        "e2e_s_p50": percentile(e2e, 50),
+        "e2e_s_p90": percentile(e2e, 90),
+        "e2e_s_p99": percentile(e2e, 99),
+        "acceptance_rate": acc.acceptance_rate,
+        "mean_acceptance_length": acc.mean_acceptance_length,
+    }
+
+
+def combine(per_partition: Sequence[Mapping[str, float | None]]) -> dict[str, Figure]:
+    out: dict[str, Figure] = {}
+    for name in FIGURES:
+        xs = [v for p in per_partition if (v := p.get(name)) is not None]
+        out[name] = Figure(median(xs), min(xs), max(xs), len(xs)) if xs else Figure(None, None, None, 0)
+    return out
+
+
+def summarize_group(key: tuple[tuple[str, str], ...], records: Sequence[Record]) -> GroupReport:
+    parts = partitions(records)
+    repeated = any(r.get("repeat") is not None for r in records)
+    token_sources: Counter[str] = Counter()
+    for r in records:
+        src = r.get("token_source")
+        token_sources[src if isinstance(src, str) else "none"] += 1
+    return GroupReport(
+        key=key,
+        requests=len(records),
+        outcomes=dict(Counter(str(r.get("outcome") or "unknown") for r in records)),
+        repeats=len(parts) if repeated else 0,
+        figures=combine([scalar_figures(p) for p in parts]),
+        acceptance=pool_acceptance(records),
+        token_sources=dict(token_sources),
+        chunks_not_steps=sum(1 for r in records if r.get("stream") and r.get("chunks_are_steps") is False),
+        truncated=sum(1 for r in records if r.get("truncated") is True),
+    )
+
+
+def build_report(records: Iterable[Record], by: Sequence[str] = DEFAULT_GROUP_BY) -> Report:
+    """Group the records and summarise each group. ``by`` fields must be in :data:`GROUP_FIELDS`."""
+    unknown = [f for f in by if f not in GROUP_FIELDS]
+    if unknown or not by:
+        raise ValueError(f"cannot group by {','.join(unknown) or '(nothing)'}; choose from {','.join(GROUP_FIELDS)}")
+    groups = group_records(records, by)
+    reports = tuple(summarize_group(tuple(zip(by, key, strict=True)), recs) for key, recs in groups.items())
+    return Report(group_by=tuple(by), groups=reports, requests=sum(g.requests for g in reports))
+
+
+def in_flight(records: Iterable[Record]) -> list[tuple[float, int]]:
+    """Step function of requests in flight: ``[(seconds since the first start, count after this instant)]``."""
+    events: list[tuple[float, int]] = []
+    for r in records:
+        start, e2e = num(r.get("started_at")), num(r.get("e2e_s"))
+        if start is not None and e2e is not None:
+            events.append((start, 1))
+            events.append((start + e2e, -1))
+    if not events:
+        return []
+    events.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same instant
+    t0 = events[0][0]
+    out: list[tuple[float, int]] = [(0.0, 0)]
+    level = 0
+    for t, d in events:
+        level += d
+        out.append((t - t0, level))
+    return out
+
+
+def describe_key(key: Sequence[tuple[str, Any]]) -> str:
+    return " / ".join(str(v) for _, v in key)

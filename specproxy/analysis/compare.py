@@ -1,0 +1,165 @@
+"""The comparison table the published measurements use: per workload, configuration | tok/s | speedup vs baseline |
+acceptance, with medians over repeats and the spread; plus paired per-request speedups when runs replayed one
+recording.
+
+A configuration is a record's ``label``. The baseline is the label asked for, else the first label whose records
+show no speculation (no spec block, or no drafts), else the first label given. Speedup is the ratio of medians.
+Paired speedups match a request by ``replay_of`` (or, for the original recording, its own ``request_id``), so a
+replay lines up with the request it re-sent and with other replays of it. Pure: records in, rows out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from specproxy.analysis.acceptance import pool_acceptance
+from specproxy.analysis.aggregate import (
+    Figure,
+    group_records,
+    is_ok,
+    key_value,
+    request_tok_s,
+    summarize_group,
+    values,
+)
+from specproxy.core.record import Record
+from specproxy.core.stats import median, percentile
+
+METRICS = ("decode", "output")
+_FIGURE_OF = {"decode": "decode_tok_s_p50", "output": "output_tok_s"}
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """Per-request speedups (this label's decode tok/s over the baseline's) for requests present in both."""
+
+    pairs: int
+    median: float | None
+    p10: float | None
+    p90: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompareRow:
+    workload: str
+    label: str
+    requests: int
+    errors: int
+    tok_s: Figure
+    spread_kind: str  # "repeats" (min-max over repeats) or "requests" (p10-p90 over requests)
+    spread_lo: float | None
+    spread_hi: float | None
+    speedup: float | None
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    is_baseline: bool
+    paired: Paired | None
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    metric: str
+    baseline: str
+    baseline_reason: str
+    labels: tuple[str, ...]
+    rows: tuple[CompareRow, ...]
+
+
+def speculates(records: Iterable[Record]) -> bool:
+    """Whether any record shows speculative decoding (drafts or draft tokens, or a configured k)."""
+    acc = pool_acceptance(records)
+    return acc.drafts > 0 or acc.draft_tokens > 0 or (acc.k or 0) > 0
+
+
+def choose_baseline(by_label: dict[str, list[Record]], asked: str | None) -> tuple[str, str]:
+    """(label, why). Raises ValueError when the label asked for is not in the runs."""
+    labels = list(by_label)
+    if asked is not None:
+        if asked not in by_label:
+            raise ValueError(f"baseline label {asked!r} is not in the runs; labels: {', '.join(labels)}")
+        return asked, "given with --baseline"
+    for label in labels:
+        if not speculates(by_label[label]):
+            return label, "the configuration without speculative decoding"
+    return labels[0], "the first configuration given (none ran without speculation)"
+
+
+def _match_key(rec: Record) -> str:
+    replay_of = rec.get("replay_of")
+    return str(replay_of) if replay_of is not None else key_value(rec, "request_id")
+
+
+def _rates_by_request(records: Iterable[Record]) -> dict[str, float]:
+    """Median decode tok/s per matched request (several repeats of one request collapse to their median)."""
+    per: dict[str, list[float]] = {}
+    for rec in records:
+        if is_ok(rec) and (v := request_tok_s(rec)) is not None and v > 0:
+            per.setdefault(_match_key(rec), []).append(v)
+    return {k: m for k, vs in per.items() if (m := median(vs)) is not None}
+
+
+def paired_speedups(baseline: Iterable[Record], other: Iterable[Record]) -> Paired | None:
+    base = _rates_by_request(baseline)
+    mine = _rates_by_request(other)
+    ratios = [mine[k] / base[k] for k in mine.keys() & base.keys()]
+    if not ratios:
+        return None
+    return Paired(len(ratios), median(ratios), percentile(ratios, 10), percentile(ratios, 90))
+
+
+def build_comparison(records: Iterable[Record], baseline: str | None = None, metric: str = "decode") -> Comparison:
+    """Rows per workload and label. ``metric``: ``decode`` (median per-request decode tok/s, the published figure) or
+    ``output`` (aggregate output tokens per second of wall time)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    recs = list(records)
+    by_label = group_records(recs, ("label",))
+    if not by_label:
+        raise ValueError("no records to compare")
+    base_label, reason = choose_baseline({k[0]: v for k, v in by_label.items()}, baseline)
+    groups = group_records(recs, ("workload", "label"))
+    base_fig: dict[str, float | None] = {}
+    for (workload, label), grp in groups.items():
+        if label == base_label:
+            base_fig[workload] = summarize_group((), grp).figure(_FIGURE_OF[metric])
+    rows: list[CompareRow] = []
+    for (workload, label), grp in groups.items():
+        g = summarize_group((("workload", workload), ("label", label)), grp)
+        fig = g.figures[_FIGURE_OF[metric]]
+        if g.repeats > 1:
+            kind, lo, hi = "repeats", fig.min, fig.max
+        elif metric == "decode":
+            rates = values([r for r in grp if is_ok(r)], request_tok_s)
+            kind, lo, hi = "requests", percentile(rates, 10), percentile(rates, 90)
+        else:
+            kind, lo, hi = "none", None, None
+        base = base_fig.get(workload)
+        is_base = label == base_label
+        paired = None
+        if not is_base and (workload, base_label) in groups:
+            paired = paired_speedups(groups[(workload, base_label)], grp)
+        rows.append(
+            CompareRow(
+                workload=workload,
+                label=label,
+                requests=g.requests,
+                errors=g.errors,
+                tok_s=fig,
+                spread_kind=kind,
+                spread_lo=lo,
+                spread_hi=hi,
+                speedup=fig.value / base if fig.value is not None and base else None,
+                acceptance_rate=g.acceptance.acceptance_rate,
+                mean_acceptance_length=g.acceptance.mean_acceptance_length,
+                is_baseline=is_base,
+                paired=paired,
+            )
+        )
+    return Comparison(
+        metric=metric,
+        baseline=base_label,
+        baseline_reason=reason,
+        labels=tuple(k[0] for k in by_label),
+        rows=tuple(rows),
+    )

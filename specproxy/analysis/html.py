@@ -1,0 +1,172 @@
+"""The HTML report: one self-contained file (inline CSS and SVG, nothing fetched when viewed).
+
+Charts: decode tok/s by configuration, acceptance by workload, the per-position acceptance curve, the tokens-per-step
+histogram, TTFT, inter-token and inter-step distributions (CDFs), and requests in flight over time; then the report's
+tables. A few lines of inline script record, on each chart, how many data marks were drawn with a non-zero size
+(``data-drawn``), so a headless browser can check that the charts rendered. Pure: report and records in, text out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+from specproxy.analysis.aggregate import (
+    Report,
+    describe_key,
+    field_getter,
+    gaps,
+    group_records,
+    in_flight,
+    is_ok,
+    summarize_group,
+    values,
+)
+from specproxy.analysis.svg import Line, Series, bar_chart, cdf_points, line_chart
+from specproxy.analysis.tables import Table
+from specproxy.core.record import Record
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+.charts{display:flex;flex-wrap:wrap;gap:16px}
+.charts figure{margin:0;border:1px solid #ddd;padding:8px;background:#fff}
+table{border-collapse:collapse;margin:8px 0 4px;font-size:13px}
+th,td{border:1px solid #ddd;padding:3px 8px}th{background:#f4f4f4}
+td.r{text-align:right;font-variant-numeric:tabular-nums}
+p.note{font-size:12px;color:#555;margin:2px 0}
+"""
+
+# Counts the marks each chart actually drew (getBBox needs layout, so this runs after load). Inline: nothing fetched.
+_SCRIPT = """
+(function(){
+  function measure(){
+    document.querySelectorAll('svg[data-chart]').forEach(function(svg){
+      var n=0;
+      svg.querySelectorAll('.mark').forEach(function(el){var b=el.getBBox(); if(b.width>0||b.height>0){n++;}});
+      var r=svg.getBoundingClientRect();
+      svg.setAttribute('data-drawn', String(n));
+      svg.setAttribute('data-size', Math.round(r.width)+'x'+Math.round(r.height));
+    });
+    document.body.setAttribute('data-measured','1');
+  }
+  if(document.readyState==='loading'){document.addEventListener('DOMContentLoaded',measure);}else{measure();}
+})();
+"""
+
+
+def _table_html(t: Table) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in t.headers)
+    rows = "".join(
+        "<tr>" + "".join(f'<td class="{t.alignment(i)}">{escape(c)}</td>' for i, c in enumerate(r)) + "</tr>"
+        for r in t.rows
+    )
+    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in t.notes)
+    title = f"<h2>{escape(t.title)}</h2>" if t.title else ""
+    return f"{title}<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{notes}"
+
+
+def charts(report: Report, records: Sequence[Record]) -> list[str]:
+    by_wl = group_records(records, ("workload", "label"))
+    workloads = list(dict.fromkeys(w for w, _ in by_wl))
+    labels = list(dict.fromkeys(lab for _, lab in by_wl))
+    summaries = {k: summarize_group((("workload", k[0]), ("label", k[1])), v) for k, v in by_wl.items()}
+
+    def series(metric: str, scale: float, only_spec: bool = False) -> list[Series]:
+        out: list[Series] = []
+        for lab in labels:
+            vals: list[float | None] = []
+            for w in workloads:
+                g = summaries.get((w, lab))
+                v = g.figure(metric) if g is not None else None
+                vals.append(v * scale if v is not None else None)
+            if not only_spec or any(v is not None for v in vals):
+                out.append((lab, vals))
+        return out
+
+    out = [
+        bar_chart(
+            "tok_s",
+            "Decode tok/s by configuration (median per request)",
+            workloads,
+            series("decode_tok_s_p50", 1.0),
+            "tok/s",
+        ),
+        bar_chart(
+            "acceptance",
+            "Acceptance rate by workload",
+            workloads,
+            series("acceptance_rate", 100.0, only_spec=True),
+            "% of draft tokens accepted",
+        ),
+    ]
+    groups = report.groups
+    positions: list[Line] = []
+    for g in groups:
+        rates = g.acceptance.position_rates
+        if rates:
+            positions.append((describe_key(g.key), [(float(i + 1), r * 100.0) for i, r in enumerate(rates)]))
+    out.append(
+        line_chart(
+            "per_position",
+            "Acceptance per draft position",
+            positions,
+            "draft position",
+            "% of drafts accepted here",
+            markers=True,
+            y_max=100.0,
+            integer_x=True,
+        )
+    )
+    sizes = sorted({n for g in groups for n in g.acceptance.tokens_per_step})
+    hist: list[Series] = []
+    for g in groups:
+        h = g.acceptance.tokens_per_step
+        total = sum(h.values())
+        if total:
+            hist.append((describe_key(g.key), [h.get(n, 0) / total * 100.0 for n in sizes]))
+    out.append(bar_chart("tokens_per_step", "Tokens per decode step", [str(n) for n in sizes], hist, "% of steps"))
+    by_group = group_records(records, report.group_by)
+    ttft: list[Line] = []
+    itl: list[Line] = []
+    step: list[Line] = []
+    for key, recs in by_group.items():
+        name = " / ".join(key)
+        ok = [r for r in recs if is_ok(r)]
+        ttft.append((name, cdf_points(values(ok, field_getter("ttft_s")), 1000.0)))
+        s, t = gaps(ok)
+        itl.append((name, cdf_points(t, 1000.0)))
+        step.append((name, cdf_points(s, 1000.0)))
+    out.append(line_chart("ttft", "Time to first token (CDF)", ttft, "ms", "fraction of requests", y_max=1.0))
+    out.append(line_chart("itl", "Inter-token latency (CDF)", itl, "ms", "fraction of tokens", y_max=1.0))
+    out.append(line_chart("step", "Inter-step latency (CDF)", step, "ms", "fraction of steps", y_max=1.0))
+    timeline: list[Line] = [
+        (lab, [(float(t), float(n)) for t, n in in_flight(recs)])
+        for (lab,), recs in group_records(records, ("label",)).items()
+    ]
+    out.append(
+        line_chart(
+            "timeline", "Requests in flight", timeline, "seconds since the run's first request", "requests", step=True
+        )
+    )
+    return out
+
+
+def render_html(
+    report: Report,
+    records: Sequence[Record],
+    tables: Sequence[Table],
+    title: str = "specproxy report",
+    inputs: Sequence[str] = (),
+) -> str:
+    figures = "".join(f"<figure>{svg}</figure>" for svg in charts(report, records))
+    body_tables = "".join(_table_html(t) for t in tables)
+    sources = "".join(f"<li>{escape(i)}</li>" for i in inputs)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+        f'<h1>{escape(title)}</h1><p class="note">{report.requests} requests'
+        f"{' from' if inputs else ''}</p>{f'<ul>{sources}</ul>' if inputs else ''}"
+        f'<div class="charts">{figures}</div>{body_tables}'
+        f"<script>{_SCRIPT}</script></body></html>\n"
+    )

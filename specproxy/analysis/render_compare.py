@@ -1,0 +1,147 @@
+"""The comparison as a table (text, markdown), CSV and the JSON documented in ``docs/report-json.md``. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from specproxy.analysis.compare import CompareRow, Comparison
+from specproxy.analysis.render import JSON_VERSION
+from specproxy.analysis.tables import Table, fmt, fmt_pct, fmt_spread, fmt_x
+
+
+def _paired_text(row: CompareRow) -> str:
+    p = row.paired
+    if p is None:
+        return "-"
+    return f"{fmt_x(p.median)} ({fmt(p.p10, 2)}-{fmt(p.p90, 2)}, n={p.pairs})"
+
+
+def compare_tables(c: Comparison) -> list[Table]:
+    name = "tok/s" if c.metric == "decode" else "output tok/s"
+    rows = tuple(
+        (
+            r.workload,
+            r.label + (" (baseline)" if r.is_baseline else ""),
+            fmt(r.tok_s.value),
+            fmt_spread(r.spread_lo, r.spread_hi),
+            fmt_x(r.speedup),
+            fmt_pct(r.acceptance_rate),
+            fmt(r.mean_acceptance_length, 2),
+            _paired_text(r),
+            str(r.requests),
+            str(r.errors),
+        )
+        for r in c.rows
+    )
+    spread = {"repeats": "min-max over repeats", "requests": "p10-p90 over requests"}
+    kinds = sorted({spread[r.spread_kind] for r in c.rows if r.spread_kind in spread})
+    notes = [f"baseline: {c.baseline} ({c.baseline_reason})"]
+    if kinds:
+        notes.append("spread: " + "; ".join(kinds))
+    if any(r.paired for r in c.rows):
+        notes.append("paired: per-request speedup over the baseline's replay of the same request, median (p10-p90)")
+    return [
+        Table(
+            "",
+            (
+                "workload",
+                "configuration",
+                name,
+                "spread",
+                "speedup",
+                "acceptance",
+                "mean acc. length",
+                "paired speedup",
+                "requests",
+                "errors",
+            ),
+            rows,
+            ("l", "l", *"r" * 8),
+            tuple(notes),
+        )
+    ]
+
+
+def compare_json(c: Comparison, inputs: Sequence[str] = ()) -> dict[str, Any]:
+    return {
+        "kind": "specproxy.compare",
+        "version": JSON_VERSION,
+        "inputs": list(inputs),
+        "metric": c.metric,
+        "baseline": c.baseline,
+        "baseline_reason": c.baseline_reason,
+        "labels": list(c.labels),
+        "rows": [
+            {
+                "workload": r.workload,
+                "label": r.label,
+                "is_baseline": r.is_baseline,
+                "requests": r.requests,
+                "errors": r.errors,
+                "tok_s": r.tok_s.as_dict(),
+                "spread": {"kind": r.spread_kind, "lo": r.spread_lo, "hi": r.spread_hi},
+                "speedup": r.speedup,
+                "acceptance_rate": r.acceptance_rate,
+                "mean_acceptance_length": r.mean_acceptance_length,
+                "paired": None
+                if r.paired is None
+                else {
+                    "pairs": r.paired.pairs,
+                    "median": r.paired.median,
+                    "p10": r.paired.p10,
+                    "p90": r.paired.p90,
+                },
+            }
+            for r in c.rows
+        ],
+    }
+
+
+def compare_csv(c: Comparison) -> tuple[list[str], list[list[Any]]]:
+    headers = [
+        "workload",
+        "label",
+        "is_baseline",
+        "tok_s",
+        "tok_s_min",
+        "tok_s_max",
+        "spread_kind",
+        "spread_lo",
+        "spread_hi",
+        "speedup",
+        "acceptance_rate",
+        "mean_acceptance_length",
+        "paired_pairs",
+        "paired_median",
+        "paired_p10",
+        "paired_p90",
+        "requests",
+        "errors",
+    ]
+    rows = []
+    for r in c.rows:
+        p = r.paired
+        rows.append(
+            [
+                r.workload,
+                r.label,
+                r.is_baseline,
+                r.tok_s.value,
+                r.tok_s.min,
+                r.tok_s.max,
+                r.spread_kind,
+                r.spread_lo,
+                r.spread_hi,
+                r.speedup,
+                r.acceptance_rate,
+                r.mean_acceptance_length,
+                p.pairs if p else None,
+                p.median if p else None,
+                p.p10 if p else None,
+                p.p90 if p else None,
+                r.requests,
+                r.errors,
+            ]
+        )
+    return headers, rows
