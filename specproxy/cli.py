@@ -33,10 +33,11 @@ def _root(
 
 
 def _register_commands() -> None:
-    from specproxy.commands import analysis, proxy, sim
+    from specproxy.commands import analysis, proxy, run, sim
 
     sim.register(app)
     proxy.register(app)
+    run.register(app)
     analysis.register(app)
 
 

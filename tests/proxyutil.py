@@ -59,3 +59,34 @@ async def running_proxy(
         yield RunningProxy(server, record)
     finally:
         await server.close()
+
+
+@asynccontextmanager
+async def proxy_process(upstream: str, record: Path, *args: str) -> AsyncIterator[tuple[str, object]]:
+    """``specproxy proxy`` as a user runs it, in its own process; yields (its URL, the process)."""
+    import asyncio
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "specproxy",
+        "proxy",
+        "--upstream",
+        upstream,
+        "--listen",
+        "127.0.0.1:0",
+        "--record",
+        str(record),
+        *args,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        line = await asyncio.wait_for(proc.stderr.readline(), 20)
+        assert line.startswith(b"specproxy proxy: http://"), line
+        yield line.split()[2].decode(), proc
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()

@@ -5,7 +5,6 @@ same answer. Tokens are small pieces of text (a word with its leading space, a p
 Japanese characters), which is roughly what a BPE tokenizer would emit.
 """
 
-# ruff: noqa: RUF001  (Japanese text uses full-width punctuation on purpose)
 from __future__ import annotations
 
 import random

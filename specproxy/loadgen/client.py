@@ -1,0 +1,187 @@
+"""Sending: one request through the recorder, and the two ways of pacing many (closed loop, open loop).
+
+Each measured request is recorded by the same :class:`~specproxy.recorder.recorder.Recorder` the proxy uses: begin,
+response headers, every ``iter_any()`` read with its ``perf_counter_ns`` time, finish with an outcome. Warm-up
+requests are sent the same way but not recorded. The hot path per read is the recorder's ``feed``, nothing else:
+no logging, no progress work.
+
+Open-loop sends are paced on absolute targets (``start + offset`` on the loop's monotonic clock); the lag between a
+target and the moment the request really goes out is kept per request so a run can report whether it kept up.
+Cancellation (Ctrl-C, SIGTERM) reaches every in-flight request; each is recorded as ``client_cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Mapping
+
+import aiohttp
+import orjson
+
+from specproxy.loadgen.plan import PlannedRequest
+from specproxy.loadgen.progress import Progress
+from specproxy.proxy.server import WORKLOAD_HEADER
+from specproxy.recorder.recorder import Recorder, RequestMeta, Trace
+
+
+class Client:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        target: str,
+        recorder: Recorder,
+        progress: Progress,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self._session = session
+        self._target = target
+        self._recorder = recorder
+        self._progress = progress
+        self._headers = dict(headers or {})
+        self.lags_s: list[float] = []
+        self.warmup_sent = 0
+        self.warmup_failed = 0
+
+    def _request_headers(self, entry: PlannedRequest) -> dict[str, str]:
+        # The workload header lets a specproxy proxy in between file the request under the same workload.
+        return {**self._headers, "Content-Type": "application/json", WORKLOAD_HEADER: entry.workload}
+
+    async def send(
+        self,
+        entry: PlannedRequest,
+        *,
+        repeat: int | None,
+        target_time: float | None = None,
+        release: asyncio.Semaphore | None = None,
+    ) -> None:
+        """Send one measured request and record it. Never raises but CancelledError."""
+        try:
+            if target_time is not None:
+                self.lags_s.append(max(0.0, asyncio.get_running_loop().time() - target_time))
+            model = entry.body.get("model")
+            meta = RequestMeta(
+                method="POST",
+                path=entry.path,
+                workload=entry.workload,
+                model=model if isinstance(model, str) else None,
+                body=entry.body,
+                stream_requested=bool(entry.body.get("stream")),
+                replay_of=entry.replay_of,
+                repeat=repeat,
+            )
+            trace = self._recorder.begin(meta)
+            outcome: str = "client_cancelled"  # unless the exchange returns
+            error: str | None = "run stopped"
+            try:
+                outcome, error = await self._exchange(entry, trace)
+            finally:
+                self._recorder.finish(trace, outcome, error)
+                tl = trace.timeline
+                tokens = sum(n for _, n in tl.chunks if n > 0) if tl is not None else 0
+                self._progress.finished(entry.workload, outcome == "ok", tokens)
+        finally:
+            if release is not None:
+                release.release()
+
+    async def _exchange(self, entry: PlannedRequest, trace: Trace) -> tuple[str, str | None]:
+        url = self._target + entry.path
+        body = orjson.dumps(entry.body)
+        perf = time.perf_counter_ns
+        started = False
+        try:
+            async with self._session.post(url, data=body, headers=self._request_headers(entry)) as resp:
+                trace.response_started(resp.status, resp.headers.get("Content-Type"))
+                started = True
+                async for data in resp.content.iter_any():
+                    trace.feed(perf(), data)
+                if resp.status >= 400:
+                    return "upstream_error", f"HTTP {resp.status}"
+                return "ok", None
+        except TimeoutError:
+            return "timeout", "connect or idle-read timeout"
+        except aiohttp.ClientConnectorError as e:
+            return "upstream_error", f"cannot connect: {e.os_error.strerror or _one_line(e)}"
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            if started:
+                return "upstream_reset", f"connection broke mid-response: {_one_line(e)}"
+            return "upstream_error", f"connection failed: {_one_line(e)}"
+        except aiohttp.ClientError as e:
+            return "upstream_error", _one_line(e)
+        except Exception as e:  # our own failure: still a record, never a crashed run
+            return "proxy_error", f"{type(e).__name__}: {_one_line(e)}"
+
+    async def warm(self, entry: PlannedRequest) -> None:
+        """Send one request, read it to the end, record nothing."""
+        self.warmup_sent += 1
+        try:
+            url = self._target + entry.path
+            async with self._session.post(
+                url, data=orjson.dumps(entry.body), headers=self._request_headers(entry)
+            ) as resp:
+                async for _ in resp.content.iter_any():
+                    pass
+                if resp.status >= 400:
+                    self.warmup_failed += 1
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            self.warmup_failed += 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300] or type(e).__name__
+
+
+async def closed_loop(
+    client: Client,
+    entries: Iterator[PlannedRequest],
+    concurrency: int,
+    *,
+    repeat: int | None,
+    duration_s: float | None = None,
+    warmup: bool = False,
+) -> None:
+    """``concurrency`` slots, each sending its next entry as soon as its last one finished, until the entries run
+    out or ``duration_s`` has passed (requests in flight then finish)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + duration_s if duration_s is not None else None
+
+    async def slot() -> None:
+        while deadline is None or loop.time() < deadline:
+            entry = next(entries, None)  # no await in between: slots never take the same entry
+            if entry is None:
+                return
+            if warmup:
+                await client.warm(entry)
+            else:
+                await client.send(entry, repeat=repeat)
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(concurrency):
+            tg.create_task(slot())
+
+
+async def open_loop(
+    client: Client,
+    timed: Iterator[tuple[float, PlannedRequest]],
+    *,
+    repeat: int | None,
+    cap: int | None = None,
+    duration_s: float | None = None,
+) -> None:
+    """Send each entry at ``start + offset`` (absolute targets, so lateness never accumulates), with at most
+    ``cap`` in flight when given: a capped send waits, and its wait shows as send lag."""
+    loop = asyncio.get_running_loop()
+    sem = asyncio.Semaphore(cap) if cap else None
+    start = loop.time()
+    async with asyncio.TaskGroup() as tg:
+        for offset, entry in timed:
+            if duration_s is not None and offset >= duration_s:
+                break
+            target = start + offset
+            delay = target - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is not None:
+                await sem.acquire()  # acquired here, in order: a cap never reorders the sends
+            tg.create_task(client.send(entry, repeat=repeat, target_time=target, release=sem))

@@ -1,0 +1,103 @@
+"""``specproxy replay``: re-send a recording's request bodies in their original order and rhythm.
+
+:func:`plan_replay` (pure) turns records into timed requests: ordered by ``started_at``, offsets are the original
+inter-arrival times divided by ``speed`` (all zero at max speed), each keeps its workload and points back at the
+original ``request_id`` (``replay_of``), so two replays of one recording against two server configurations pair up
+request by request. Requests that cannot be re-sent (recorded without a body, or not a POST) are counted, and the
+counts are reported; none is skipped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from specproxy.core.record import Record
+from specproxy.core.schedule import scaled_offsets
+from specproxy.loadgen.client import Client, open_loop
+from specproxy.loadgen.plan import PlannedRequest
+from specproxy.loadgen.runner import DriveResult, Reporter, drive
+from specproxy.loadgen.target import Target
+from specproxy.recorder.recorder import RecorderConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPlan:
+    timed: tuple[tuple[float, PlannedRequest], ...]
+    recorded: int  # records read
+    no_body: int  # POSTs recorded without a JSON body (--capture none, or a non-JSON body)
+    not_post: int  # other methods (GET /v1/models ...): nothing to re-send
+    no_time: int  # records without a start time
+
+    @property
+    def workloads(self) -> list[str]:
+        return list(dict.fromkeys(e.workload for _, e in self.timed))
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.no_body:
+            out.append(
+                f"{self.no_body} of {self.recorded} recorded requests had no body "
+                "(recorded with --capture none): not replayed"
+            )
+        if self.not_post:
+            out.append(f"{self.not_post} of {self.recorded} recorded requests were not POSTs: not replayed")
+        if self.no_time:
+            out.append(f"{self.no_time} of {self.recorded} recorded requests had no started_at: not replayed")
+        return out
+
+
+def plan_replay(records: Iterable[Record], *, speed: float | None, model: str | None = None) -> ReplayPlan:
+    """``speed`` None: as fast as the concurrency cap allows. ``model`` replaces every body's model when given."""
+    recorded = no_body = not_post = no_time = 0
+    keep: list[tuple[float, Record]] = []
+    for rec in records:
+        recorded += 1
+        started = rec.get("started_at")
+        if str(rec.get("method") or "POST").upper() != "POST":
+            not_post += 1
+        elif not isinstance(rec.get("request"), dict):
+            no_body += 1
+        elif not isinstance(started, (int, float)) or isinstance(started, bool):
+            no_time += 1
+        else:
+            keep.append((float(started), rec))
+    keep.sort(key=lambda tr: tr[0])  # stable: equal start times keep the file's order
+    offsets = scaled_offsets([t for t, _ in keep], speed) if speed is not None else [0.0] * len(keep)
+    timed: list[tuple[float, PlannedRequest]] = []
+    for i, (offset, (_, rec)) in enumerate(zip(offsets, keep, strict=True)):
+        body = dict(rec["request"])
+        if model is not None:
+            body["model"] = model
+        entry = PlannedRequest(
+            index=i,
+            workload=str(rec.get("workload") or "default"),
+            item_id=str(rec.get("request_id")),
+            path=str(rec.get("path") or "/v1/chat/completions"),
+            body=body,
+            replay_of=str(rec["request_id"]),
+        )
+        timed.append((offset, entry))
+    return ReplayPlan(tuple(timed), recorded, no_body, not_post, no_time)
+
+
+async def run_replay(
+    plan: ReplayPlan,
+    *,
+    target: Target,
+    recorder_cfg: RecorderConfig,
+    cap: int | None = None,
+    reporter: Reporter | None = None,
+    handle_signals: bool = True,
+) -> DriveResult:
+    async def send(client: Client) -> None:
+        await open_loop(client, iter(plan.timed), repeat=None, cap=cap)
+
+    return await drive(
+        target=target,
+        recorder_cfg=recorder_cfg,
+        workloads=plan.workloads,
+        send=send,
+        reporter=reporter,
+        handle_signals=handle_signals,
+    )

@@ -1,0 +1,289 @@
+"""Faults: the proxy never breaks a client's stream for its own reasons, never fakes a clean finish, frees the
+engine when a client leaves, and never loses a record."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from specproxy.core.record import read_records
+from tests.proxyutil import proxy_process, running_proxy
+from tests.simutil import CODE_PROMPT, chat_body, running_sim, sim_process, truth
+from tests.upstreams import Script, capture_pieces, start_upstream
+
+HAVE_DEV_FULL = os.path.exists("/dev/full")  # writes to it fail with ENOSPC: a full disk on demand
+
+
+async def _records(px: object) -> list[dict[str, object]]:
+    await px.flush()  # type: ignore[attr-defined]
+    return px.records()  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_upstream_down_gives_502_json_and_a_record(tmp_path: Path) -> None:
+    # a port nobody listens on: bind then close
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    async with running_proxy(f"http://127.0.0.1:{port}", tmp_path, metrics=False) as px, aiohttp.ClientSession() as s:
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body()) as r:
+            assert r.status == 502
+            body = await r.json()
+            assert body["error"]["code"] == 502 and "unreachable" in body["error"]["message"]
+        (rec,) = await _records(px)
+        assert rec["outcome"] == "upstream_error" and rec["status"] is None
+
+
+async def test_upstream_error_status_relayed(tmp_path: Path) -> None:
+    async with running_sim(speed=50.0) as sim, running_proxy(sim.url, tmp_path) as px, aiohttp.ClientSession() as s:
+        async with s.post(
+            px.url + "/v1/chat/completions", json=chat_body(), headers={"X-Sim-Fault": "status=503"}
+        ) as r:
+            assert r.status == 503
+            assert (await r.json())["error"]["code"] == 503
+        async with s.post(px.url + "/v1/chat/completions", json={"model": "sim-model"}) as r:
+            assert r.status == 400  # vLLM's 400 for a malformed request, relayed as is
+        recs = await _records(px)
+        assert [r["outcome"] for r in recs] == ["upstream_error", "upstream_error"]
+        assert {r["status"] for r in recs} == {503, 400}
+
+
+async def test_in_stream_error_event(tmp_path: Path) -> None:
+    async with running_sim(speed=50.0) as sim, running_proxy(sim.url, tmp_path) as px, aiohttp.ClientSession() as s:
+        headers = {"X-Sim-Fault": "error_event_after=3"}
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body(), headers=headers) as r:
+            body = await r.read()
+        assert b'"error"' in body and body.endswith(b"data: [DONE]\n\n")
+        (rec,) = await _records(px)
+        assert rec["outcome"] == "upstream_error" and rec["error"]
+
+
+async def test_upstream_reset_mid_stream_is_not_a_clean_finish(tmp_path: Path) -> None:
+    pieces = capture_pieces("chat-stream-ngram-k3-code.sse")
+    up = await start_upstream(lambda req, body: Script(pieces, pause_s=0.005, reset_after=10))
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False) as px, aiohttp.ClientSession() as s:
+            got = bytearray()
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async with s.post(px.url + "/v1/chat/completions", json=chat_body()) as r:
+                    async for piece in r.content.iter_any():
+                        got += piece
+            assert bytes(got) == b"".join(pieces[:10])
+            (rec,) = await _records(px)
+            assert rec["outcome"] == "upstream_reset"
+            assert len(rec["chunks"]) == 9  # role chunk carries no token: 9 content chunks arrived
+    finally:
+        await up.server.close()
+
+
+async def test_idle_timeout_breaks_the_stream_and_records_timeout(tmp_path: Path) -> None:
+    pieces = capture_pieces("chat-stream-ngram-k3-code.sse")[:6]
+    up = await start_upstream(lambda req, body: Script(pieces, pause_s=1.0))
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False, idle_timeout_s=0.3) as px:
+            async with aiohttp.ClientSession() as s:
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    async with s.post(px.url + "/v1/chat/completions", json=chat_body()) as r:
+                        await r.read()
+            (rec,) = await _records(px)
+            assert rec["outcome"] == "timeout"
+    finally:
+        await up.server.close()
+
+
+@pytest.mark.parametrize("when", ["mid_stream", "before_first_byte"])
+async def test_client_disconnect_cancels_upstream_within_1s(tmp_path: Path, when: str) -> None:
+    async with running_sim(speed=1.0) as sim, running_proxy(sim.url, tmp_path) as px:
+        headers = {"X-Sim-Fault": "stall=5"} if when == "before_first_byte" else {}
+        loop = asyncio.get_running_loop()
+        rid = None
+        async with aiohttp.ClientSession() as s:
+            body = chat_body(CODE_PROMPT, max_tokens=2000)
+
+            async def go() -> None:
+                nonlocal rid
+                async with s.post(px.url + "/v1/chat/completions", json=body, headers=headers) as r:
+                    rid = r.headers["X-Specproxy-Request-Id"]
+                    async for _ in r.content.iter_any():
+                        pass
+
+            task = asyncio.create_task(go())
+            await asyncio.sleep(0.5)
+            task.cancel()  # the client goes away: its connection closes
+            cancelled_at = loop.time()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        # the simulator saw the abort (vLLM frees the GPU at that moment)
+        async with aiohttp.ClientSession() as s:
+            for _ in range(100):
+                async with s.get(sim.url + "/sim/requests") as r:
+                    listing = await r.json()
+                reqs = listing if isinstance(listing, list) else listing.get("requests", [])
+                if reqs and all(q.get("aborted") for q in reqs):
+                    break
+                await asyncio.sleep(0.02)
+            assert reqs and all(q.get("aborted") for q in reqs), reqs
+            assert loop.time() - cancelled_at < 1.0 + 0.5
+        (rec,) = await _records(px)
+        assert rec["outcome"] == "client_cancelled"
+
+
+async def test_real_proxy_process_frees_the_engine_when_client_leaves_during_prefill(tmp_path: Path) -> None:
+    """The same through ``specproxy proxy`` as a user starts it (the server's handler cancellation is what makes a
+    disconnect before the first byte reach the engine)."""
+    async with sim_process() as sim_url, proxy_process(sim_url, tmp_path / "r.jsonl") as (url, _):
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as s:
+
+            async def go() -> None:
+                headers = {"X-Sim-Fault": "stall=5"}
+                async with s.post(url + "/v1/chat/completions", json=chat_body(), headers=headers) as r:
+                    await r.read()
+
+            task = asyncio.create_task(go())
+            await asyncio.sleep(0.5)
+            task.cancel()
+            cancelled_at = loop.time()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            reqs: list[dict[str, object]] = []
+            for _ in range(100):
+                async with s.get(sim_url + "/sim/requests") as r:
+                    listing = await r.json()
+                reqs = listing if isinstance(listing, list) else listing.get("requests", [])
+                if reqs and all(q.get("aborted") for q in reqs):
+                    break
+                await asyncio.sleep(0.02)
+            assert reqs and all(q.get("aborted") for q in reqs), reqs
+            assert loop.time() - cancelled_at < 1.5
+
+
+async def test_metrics_hanging_does_not_slow_traffic(tmp_path: Path) -> None:
+    async with running_sim(speed=20.0, metrics_fault="hang") as sim, aiohttp.ClientSession() as s:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        async with s.post(sim.url + "/v1/chat/completions", json=chat_body(max_tokens=64)) as r:
+            direct = await r.read()
+        direct_s = loop.time() - t0
+        async with running_proxy(sim.url, tmp_path, rec_scrape_timeout_s=0.3, rec_finalize_wait_s=0.5) as px:
+            t0 = loop.time()
+            async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=64)) as r:
+                proxied = await r.read()
+            proxied_s = loop.time() - t0
+            assert proxied.count(b"data:") == direct.count(b"data:")
+            assert proxied_s < direct_s * 3 + 0.2  # the hung scrape is not on the relay path
+            (rec,) = await _records(px)
+            assert rec["outcome"] == "ok"
+            assert rec["spec"]["source"] in ("chunks", None) or rec["spec"]["estimates"]["counters"] is None
+            assert "metrics_unavailable" in rec["flags"]
+
+
+async def test_counter_reset_detected_no_negative_or_inflated(tmp_path: Path) -> None:
+    async with (
+        running_sim(speed=20.0) as sim,
+        running_proxy(sim.url, tmp_path, rec_k=3) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        await asyncio.sleep(0.1)
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=200)) as r:
+            await r.read()
+        async with s.post(sim.url + "/sim/reset-counters") as r:
+            assert r.status < 300
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=200)) as r:
+            await r.read()
+        recs = await _records(px)
+        for rec in recs:
+            t = await truth(s, sim, rec["upstream_id"])
+            c = rec["spec"]["estimates"]["counters"]
+            if c is not None:
+                assert 0 <= c["accepted"] <= t["counted_accepted"]
+                assert 0 <= c["drafts"] <= t["drafts"]
+        assert px.recorder.scraper.state.resets >= 1
+
+
+async def test_failing_record_sink_never_breaks_traffic(tmp_path: Path) -> None:
+    if not HAVE_DEV_FULL:
+        pytest.skip("needs /dev/full to simulate a full disk")
+    async with (
+        running_sim(speed=50.0) as sim,
+        running_proxy(sim.url, tmp_path, rec_record_path="/dev/full") as px,
+        aiohttp.ClientSession() as s,
+    ):
+        for _ in range(3):
+            async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=16)) as r:
+                assert r.status == 200
+                assert (await r.read()).endswith(b"data: [DONE]\n\n")
+        for _ in range(200):
+            if px.recorder.sink.errors:
+                break
+            await asyncio.sleep(0.01)
+        async with s.get(px.url + "/specproxy/metrics") as r:
+            text = await r.text()
+        assert "specproxy_record_sink_errors_total" in text
+        assert px.recorder.sink.errors >= 1 and not px.recorder.sink.healthy
+
+
+async def test_fail_closed_refuses_traffic_when_records_fail(tmp_path: Path) -> None:
+    if not HAVE_DEV_FULL:
+        pytest.skip("needs /dev/full to simulate a full disk")
+    async with (
+        running_sim(speed=50.0) as sim,
+        running_proxy(sim.url, tmp_path, rec_record_path="/dev/full", fail_closed=True) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=8)) as r:
+            assert r.status == 200
+        for _ in range(200):
+            if not px.recorder.sink.healthy:
+                break
+            await asyncio.sleep(0.01)
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=8)) as r:
+            assert r.status == 503
+
+
+async def test_sigterm_mid_stream_drains_and_loses_no_record(tmp_path: Path) -> None:
+    record = tmp_path / "rec.jsonl"
+    async with sim_process("--speed", "2") as sim_url:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "specproxy",
+            "proxy",
+            "--upstream",
+            sim_url,
+            "--listen",
+            "127.0.0.1:0",
+            "--record",
+            str(record),
+            "--drain-timeout",
+            "20",
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stderr is not None
+        line = await asyncio.wait_for(proc.stderr.readline(), 20)
+        url = line.split()[2].decode()
+        async with aiohttp.ClientSession() as s:
+
+            async def stream() -> bytes:
+                async with s.post(url + "/v1/chat/completions", json=chat_body(max_tokens=300)) as r:
+                    return await r.read()
+
+            tasks = [asyncio.create_task(stream()) for _ in range(3)]
+            await asyncio.sleep(0.4)
+            proc.send_signal(signal.SIGTERM)
+            bodies = await asyncio.gather(*tasks)
+        rc = await asyncio.wait_for(proc.wait(), 30)
+        assert rc == 0
+        assert all(b.endswith(b"data: [DONE]\n\n") for b in bodies)  # in-flight streams finished
+        recs = list(read_records(record))
+        assert len(recs) == 3 and {r["outcome"] for r in recs} == {"ok"}
+        assert all(orjson.dumps(r) for r in recs)
