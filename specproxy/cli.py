@@ -33,8 +33,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from specproxy.commands import analysis, proxy, run, sim
+    from specproxy.commands import analysis, demo, proxy, run, sim
 
+    demo.register(app)
     sim.register(app)
     proxy.register(app)
     run.register(app)

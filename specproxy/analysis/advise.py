@@ -222,7 +222,7 @@ def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, m
         workload=workload,
         requests=len(records),
         draft_tokens=acc.draft_tokens,
-        measured_k=acc.k,
+        measured_k=max(acc.k or 0, len(acc.per_position)) or None,  # the deepest position measured
         acceptance_rate=acc.acceptance_rate,
         conditional=cond,
         predictions=preds,

@@ -108,15 +108,21 @@ def paired_speedups(baseline: Iterable[Record], other: Iterable[Record]) -> Pair
     return Paired(len(ratios), median(ratios), percentile(ratios, 10), percentile(ratios, 90))
 
 
+def _generates(rec: Record) -> bool:
+    path = rec.get("path")
+    return bool(rec.get("completion_tokens")) or (isinstance(path, str) and path.endswith("completions"))
+
+
 def build_comparison(records: Iterable[Record], baseline: str | None = None, metric: str = "decode") -> Comparison:
     """Rows per workload and label. ``metric``: ``decode`` (median per-request decode tok/s, the published figure) or
     ``output`` (aggregate output tokens per second of wall time)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    recs = list(records)
+    # Generation requests only: a proxy also records a client's /v1/models or /health calls, which have no tok/s
+    recs = [r for r in records if _generates(r)]
     by_label = group_records(recs, ("label",))
     if not by_label:
-        raise ValueError("no records to compare")
+        raise ValueError("no generation requests to compare (only /v1/models, /health or the like)")
     base_label, reason = choose_baseline({k[0]: v for k, v in by_label.items()}, baseline)
     groups = group_records(recs, ("workload", "label"))
     base_fig: dict[str, float | None] = {}

@@ -2,10 +2,10 @@
 
 A plan is an endless, deterministic sequence of :class:`PlannedRequest` (index 0, 1, 2, ...): a run takes its first
 ``--requests`` entries, or as many as fit in ``--duration``. Several workloads are interleaved round-robin (each
-cycling through its items in file order) or, with a seed, each request's workload is drawn at random with equal
-weight and every workload's items are shuffled afresh on each pass. A shard ``i/N`` takes every N-th entry starting
-at ``i``, so the shards of a plan together are exactly the plan, and the open-loop arrival offsets of the whole plan
-are kept entry by entry (each shard then sends about rate / N).
+cycling through its items in file order) or, with a seed, in a fresh random order in every round, with every
+workload's items shuffled afresh on each pass: either way each workload gets its share of the requests. A shard
+``i/N`` takes every N-th entry starting at ``i``, so the shards of a plan together are exactly the plan, and the
+open-loop arrival offsets of the whole plan are kept entry by entry (each shard then sends about rate / N).
 """
 
 from __future__ import annotations
@@ -146,12 +146,14 @@ def plan_order(sizes: Sequence[int], seed: int | None) -> Iterator[tuple[int, in
     rng = random.Random(seed)
     orders: list[list[int]] = [[] for _ in sizes]
     while True:
-        w = rng.randrange(len(sizes))
-        if cursors[w] % sizes[w] == 0:  # a new pass through this workload: a fresh shuffle
-            orders[w] = list(range(sizes[w]))
-            rng.shuffle(orders[w])
-        yield w, orders[w][cursors[w] % sizes[w]]
-        cursors[w] += 1
+        round_ = list(range(len(sizes)))
+        rng.shuffle(round_)
+        for w in round_:
+            if cursors[w] % sizes[w] == 0:  # a new pass through this workload: a fresh shuffle
+                orders[w] = list(range(sizes[w]))
+                rng.shuffle(orders[w])
+            yield w, orders[w][cursors[w] % sizes[w]]
+            cursors[w] += 1
 
 
 def iter_plan(workloads: Sequence[Workload], opts: BodyOptions, seed: int | None) -> Iterator[PlannedRequest]:

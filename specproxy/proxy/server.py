@@ -16,6 +16,7 @@ import io
 import logging
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -251,16 +252,41 @@ def build_app(cfg: ProxyConfig) -> web.Application:
     return app
 
 
-async def serve(cfg: ProxyConfig, *, ready: asyncio.Event | None = None, bound: list[int] | None = None) -> None:
-    """Serve until SIGTERM / SIGINT (or cancellation); then stop accepting, let in-flight requests finish up to
-    ``drain_timeout_s``, and write every record."""
+@dataclass(slots=True)
+class ProxyHandle:
+    """A proxy listening in this event loop: ``url``, its ``recorder``, and ``close()`` (drains, writes records)."""
+
+    url: str
+    runner: web.AppRunner
+
+    @property
+    def recorder(self) -> Recorder:
+        return self.runner.app[RECORDER]
+
+    async def close(self) -> None:
+        await self.runner.cleanup()  # stops listening, drains in-flight handlers, then writes every record
+
+
+async def start_proxy(cfg: ProxyConfig) -> ProxyHandle:
     app = build_app(cfg)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=cfg.drain_timeout_s, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
-    await site.start()
+    try:
+        site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    host, port = runner.addresses[0][:2]
+    return ProxyHandle(f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}", runner)
+
+
+async def serve(cfg: ProxyConfig, *, ready: asyncio.Event | None = None, bound: list[int] | None = None) -> None:
+    """Serve until SIGTERM / SIGINT (or cancellation); then stop accepting, let in-flight requests finish up to
+    ``drain_timeout_s``, and write every record."""
+    handle = await start_proxy(cfg)
     if bound is not None:
-        bound.extend(addr[1] for addr in runner.addresses)
+        bound.extend(addr[1] for addr in handle.runner.addresses)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -274,4 +300,4 @@ async def serve(cfg: ProxyConfig, *, ready: asyncio.Event | None = None, bound: 
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-        await runner.cleanup()  # stops listening, drains in-flight handlers, then runs cleanup_ctx (records)
+        await handle.close()
