@@ -78,9 +78,9 @@ class _Interval:
         model: dict[str, float] = {}
         for w, ids in inexact.items():
             steps = sum(self.members[m].steps for m in ids)
-            excess = sum(max(0.0, self.members[m].tokens - self.members[m].steps) for m in ids)
-            coef_steps, coef_excess = coef.get(w, (1.0, 0.0))
-            model[w] = max(0.0, coef_steps * steps + coef_excess * excess)
+            w_text = sum(self.members[m].tokens for m in ids)
+            coef_steps, coef_text = coef.get(w, (1.0, 0.0))
+            model[w] = max(0.0, coef_steps * steps + coef_text * w_text)
         if sum(model.values()) <= 0:
             model = {w: sum(self.members[m].steps for m in ids) for w, ids in inexact.items()}
         w = self.workloads.get(rid, "")
@@ -98,8 +98,8 @@ def _pos(a: _Activity, i: int) -> float:
 class AcceptanceModel:
     """Accepted tokens of each workload's inexact requests, fitted across scrape intervals.
 
-    ``remainder_j ~= sum_w (a_w * steps_{w,j} + b_w * excess_{w,j})``, where ``excess`` is the approximate text
-    tokens beyond one per step: steps carry the workload's typical acceptance, the text excess how much this
+    ``remainder_j ~= sum_w (a_w * steps_{w,j} + b_w * text_{w,j})``, where ``text`` is the approximate token count
+    of the workload's chunks: steps carry the workload's typical acceptance, the text how much this
     interval's steps actually produced (more accepted tokens, more text), in units the approximate tokenizer gets
     wrong by a workload-dependent factor that ``b_w`` absorbs. Weighted least squares (an interval's variance grows
     with its steps), pulled gently towards the pooled acceptance per step. At most :data:`MAX_WORKLOADS` workloads
@@ -118,7 +118,7 @@ class AcceptanceModel:
         self._sum_y = 0.0
         self._sum_steps = 0.0
         self._steps: list[float] = []
-        self._excess: list[float] = []
+        self._text: list[float] = []
         self.intervals = 0
 
     def _column(self, w: str) -> int | None:
@@ -127,7 +127,7 @@ class AcceptanceModel:
                 return None
             self._names.append(w)
             self._steps.append(0.0)
-            self._excess.append(0.0)
+            self._text.append(0.0)
             for row in self._xtx:
                 row.extend((0.0, 0.0))
             n = 2 * len(self._names)
@@ -136,19 +136,19 @@ class AcceptanceModel:
         return self._names.index(w)
 
     def add(self, activity: Mapping[str, tuple[float, float]], remainder: float) -> None:
-        """``activity``: workload -> (decode steps, approximate text tokens beyond one per step)."""
+        """``activity``: workload -> (decode steps, approximate tokens of those steps' chunks)."""
         x: list[tuple[int, float]] = []
         total = 0.0
-        for w, (steps, excess) in activity.items():
+        for w, (steps, text) in activity.items():
             if steps <= 0:
                 continue
             i = self._column(w)
             if i is None:
                 continue
             self._steps[i] += steps
-            self._excess[i] += excess
+            self._text[i] += text
             x.append((2 * i, steps))
-            x.append((2 * i + 1, excess))
+            x.append((2 * i + 1, text))
             total += steps
         if not x:
             return
@@ -192,9 +192,9 @@ class AcceptanceModel:
         rss += sum(sol[i] * self._xtx[i][j] * sol[j] for i in range(n) for j in range(n))
         sigma2 = max(0.0, rss) / (self.intervals - n)
         for i in range(len(self._names)):
-            mean_excess = self._excess[i] / self._steps[i] if self._steps[i] else 0.0
+            mean_text = self._text[i] / self._steps[i] if self._steps[i] else 0.0
             v = [0.0] * n
-            v[2 * i], v[2 * i + 1] = 1.0, mean_excess
+            v[2 * i], v[2 * i + 1] = 1.0, mean_text
             av = _solve(a, v)  # Var(v.sol) = sigma2 * v' A^-1 v
             if av is None:
                 return False
@@ -364,8 +364,8 @@ class CounterLedger:
             for rid, a in merged.items():
                 if not a.exact:
                     w = workloads.get(rid, "")
-                    w_steps, w_excess = by_w.get(w, (0.0, 0.0))
-                    by_w[w] = (w_steps + a.steps, w_excess + max(0.0, a.tokens - a.steps))
+                    w_steps, w_text = by_w.get(w, (0.0, 0.0))
+                    by_w[w] = (w_steps + a.steps, w_text + a.tokens)
             self.model.add(by_w, remainder)
         interval = _Interval(accepted, per_pos, merged, workloads)
         # sharing an interval only makes a request's figure approximate when some member's tokens are approximate:
@@ -394,6 +394,10 @@ class CounterLedger:
             return None
         return self.total.drafts / self.settled_steps
 
+    def pending_for(self, rid: str) -> bool:
+        """Whether some chunk of ``rid`` still waits for a counter delta."""
+        return any(e[1] == rid for e in self._events)
+
     def needs_model(self, rid: str) -> bool:
         """Whether this request's share of accepted tokens rests on the acceptance model (inexact counts, shared)."""
         r = self._req.get(rid)
@@ -404,7 +408,7 @@ class CounterLedger:
     def pop(self, rid: str) -> CounterAttribution | None:
         """Final figures for an ended request (None when none of its steps was ever covered by a delta)."""
         r = self._req.pop(rid, None)
-        if r is not None and any(e[1] == rid for e in self._events):
+        if r is not None and self.pending_for(rid):
             r.incomplete = True  # some of its steps were never covered by a delta
         if r is None or r.intervals == 0:
             return None

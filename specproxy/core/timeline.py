@@ -133,7 +133,11 @@ class ResponseTimeline:
         if c.prompt_tokens is not None or c.completion_tokens is not None:
             self._final_usage = (c.prompt_tokens, c.completion_tokens)
         n, source = self._tokens.count(
-            has_choices=c.has_choices, completion_tokens=c.completion_tokens, n_token_ids=c.n_token_ids, text=c.text
+            has_choices=c.has_choices,
+            completion_tokens=c.completion_tokens,
+            n_token_ids=c.n_token_ids,
+            text=c.text,
+            finish_reason=c.finish_reason,
         )
         if self._keep_text and c.text and self._text_len < TEXT_CAPTURE_LIMIT:
             self._text.append(c.text)

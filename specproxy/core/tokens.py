@@ -143,8 +143,17 @@ class ChunkTokenCounter:
         self.continuous_usage = False
 
     def count(
-        self, *, has_choices: bool, completion_tokens: int | None, n_token_ids: int | None, text: str
+        self,
+        *,
+        has_choices: bool,
+        completion_tokens: int | None,
+        n_token_ids: int | None,
+        text: str,
+        finish_reason: str | None = None,
     ) -> tuple[int, TokenSource]:
+        """Tokens in one chunk. Counted from text, a chunk is an engine step and so carries at least one token: a
+        step whose text is only whitespace, or the step that produced the end-of-sequence token (the chunk with the
+        finish reason and no text), counts one."""
         if completion_tokens is not None and (has_choices or self.continuous_usage):
             if has_choices:
                 self.continuous_usage = True
@@ -155,7 +164,7 @@ class ChunkTokenCounter:
             return 0, "none"
         if n_token_ids is not None:
             return n_token_ids, "token_ids"
-        if not text:
-            return 0, "none"
         tok = self._tokenizer or default_tokenizer()
-        return tok.count(text), tok.source
+        if not text:
+            return (1, tok.source) if finish_reason is not None else (0, "none")
+        return max(1, tok.count(text)), tok.source

@@ -190,9 +190,15 @@ class Recorder:
         rid = trace.meta.request_id
         try:
             if self.scraper.enabled and trace._decode_steps_seen > 1:
-                fut = self.scraper.request()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(fut), self.config.finalize_wait_s)
+                # wait for the scrapes that cover every chunk of this request (a delta whose chunks were still
+                # on their way is settled by the next scrape)
+                deadline = time.monotonic() + self.config.finalize_wait_s
+                while (left := deadline - time.monotonic()) > 0:
+                    fut = self.scraper.request()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(fut), left)
+                    if not fut.done() or not fut.result() or not self.ledger.pending_for(rid):
+                        break
             if self.ledger.needs_model(rid) and not self._calibrated.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._calibrated.wait(), self.config.calibration_hold_s)
@@ -262,7 +268,11 @@ class Recorder:
                 chunk_est.accepted, chunk_est.drafts, chunk_est.draft_tokens, chunk_est.per_position, k, exact=False
             )
             flags.append("partial_drafting")
-        source, chosen = _choose(server, chunk_est if chunks_are_steps else None, counter_est)
+        if chunk_est is not None and not chunks_are_steps and chunk_est.exact:
+            chunk_est = SpecEstimate(
+                chunk_est.accepted, chunk_est.drafts, chunk_est.draft_tokens, chunk_est.per_position, k, exact=False
+            )
+        source, chosen = _choose(server, chunk_est, counter_est)
         if chosen is not None and chosen.draft_tokens and chosen.accepted == 0:
             flags.append("spec_zero_acceptance")
         rec.update(
