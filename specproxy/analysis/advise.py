@@ -23,7 +23,7 @@ from specproxy.analysis.acceptance import (
     expected_tokens_per_step,
     pool_acceptance,
 )
-from specproxy.analysis.aggregate import gaps, group_records, is_ok
+from specproxy.analysis.aggregate import gaps, generates, group_records, is_ok
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
@@ -240,8 +240,8 @@ def build_advice(
     base_step_s: float | None = None,
     max_k: int = DEFAULT_MAX_K,
 ) -> Advice:
-    recs = list(records)
-    base = list(baseline_records)
+    recs = [r for r in records if generates(r)]
+    base = [r for r in baseline_records if generates(r)]
     # A baseline run is k = 0 whatever its records say: it is the reference step time.
     points = step_points(recs) + [(0, s) for _, s in step_points(base)]
     cost = cost_model(points, draft_cost, base_step_s)

@@ -118,6 +118,13 @@ def is_ok(rec: Record) -> bool:
     return rec.get("outcome") == "ok"
 
 
+def generates(rec: Record) -> bool:
+    """A generation request (chat or completions), as opposed to a client's /v1/models or /health call, which a
+    proxy records too but which has no tok/s or acceptance."""
+    path = rec.get("path")
+    return bool(rec.get("completion_tokens")) or (isinstance(path, str) and path.endswith("completions"))
+
+
 def request_tok_s(rec: Record) -> float | None:
     """The record's decode tok/s, or the same figure computed from its chunks (older records)."""
     v = num(rec.get("decode_tok_s"))

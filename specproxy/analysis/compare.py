@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from specproxy.analysis.acceptance import pool_acceptance
 from specproxy.analysis.aggregate import (
     Figure,
+    generates,
     group_records,
     is_ok,
     key_value,
@@ -108,18 +109,13 @@ def paired_speedups(baseline: Iterable[Record], other: Iterable[Record]) -> Pair
     return Paired(len(ratios), median(ratios), percentile(ratios, 10), percentile(ratios, 90))
 
 
-def _generates(rec: Record) -> bool:
-    path = rec.get("path")
-    return bool(rec.get("completion_tokens")) or (isinstance(path, str) and path.endswith("completions"))
-
-
 def build_comparison(records: Iterable[Record], baseline: str | None = None, metric: str = "decode") -> Comparison:
     """Rows per workload and label. ``metric``: ``decode`` (median per-request decode tok/s, the published figure) or
     ``output`` (aggregate output tokens per second of wall time)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     # Generation requests only: a proxy also records a client's /v1/models or /health calls, which have no tok/s
-    recs = [r for r in records if _generates(r)]
+    recs = [r for r in records if generates(r)]
     by_label = group_records(recs, ("label",))
     if not by_label:
         raise ValueError("no generation requests to compare (only /v1/models, /health or the like)")
