@@ -29,12 +29,12 @@ class RunningProxy:
         return self.server.app[RECORDER]  # type: ignore[index]
 
     async def flush(self) -> None:
-        """Wait until every finished request's record is written."""
+        """Wait until no request is in flight and every record is written."""
         import asyncio
 
         rec = self.recorder
         for _ in range(500):
-            if not rec._finalizers and not rec.sink._queue:
+            if rec.in_flight == 0 and not rec._finalizers and not rec.sink._queue:
                 return
             await asyncio.sleep(0.01)
 

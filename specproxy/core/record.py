@@ -7,6 +7,7 @@ specproxy keep working. Pure: :func:`parse_line` takes bytes; the thin file read
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,23 @@ def read_records(path: str | Path) -> Iterator[Record]:
                     raise RecordError(f"{f}:{lineno}: {e}") from e
                 if rec is not None:
                     yield rec
+
+
+_SECRET_KEY = re.compile(
+    r"(?i)^(api[_-]?key|authorization|proxy[_-]?authorization|password|passwd|secret|"
+    r"client[_-]?secret|access[_-]?token|refresh[_-]?token|id[_-]?token|cookie|set[_-]?cookie)$"
+)
+REDACTED = "[redacted]"
+
+
+def redact(value: Any) -> Any:
+    """A copy of a captured body with every value under a secret-looking key replaced: headers are never recorded,
+    but some clients put keys in the body too."""
+    if isinstance(value, dict):
+        return {k: REDACTED if isinstance(k, str) and _SECRET_KEY.match(k) else redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
 
 
 def dumps(rec: Record) -> bytes:

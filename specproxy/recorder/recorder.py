@@ -26,7 +26,7 @@ from specproxy.core.attribution import (
     tokens_per_step_histogram,
 )
 from specproxy.core.ledger import CounterLedger
-from specproxy.core.record import SCHEMA_VERSION, Record
+from specproxy.core.record import SCHEMA_VERSION, Record, redact
 from specproxy.core.stats import step_and_token_gaps
 from specproxy.core.timeline import ResponseTimeline, TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, Tokenizer
@@ -348,7 +348,7 @@ class Recorder:
             "flags": [],
             "proxy_overhead_s": None,
             "spec": None,
-            "request": meta.body if self.config.capture in ("request", "full") else None,
+            "request": redact(meta.body) if self.config.capture in ("request", "full") else None,
             "response_text": None,
             "replay_of": meta.replay_of,
         }
