@@ -274,8 +274,19 @@ class CounterLedger:
     def begin(self, rid: str, workload: str = "") -> None:
         self._req[rid] = _Attributed(workload=workload)
 
+    MAX_EVENT_AGE_NS = 120 * 10**9
+
     def tokens(self, rid: str, n: int, t_ns: int, *, exact: bool, decode: bool = True) -> None:
-        self._events.append((t_ns, rid, n, decode, exact))
+        ev = self._events
+        ev.append((t_ns, rid, n, decode, exact))
+        # Without good scrapes (the engine's /metrics down for long) nothing settles: forget chunks older than
+        # two minutes rather than grow without bound; their requests' counter figures are then incomplete.
+        if len(ev) % 4096 == 0:
+            cutoff = t_ns - self.MAX_EVENT_AGE_NS
+            while ev and ev[0][0] < cutoff:
+                r = self._req.get(ev.popleft()[1])
+                if r is not None:
+                    r.incomplete = True
 
     def end(self, rid: str, *, truncated: bool = False) -> None:
         """The request finished. ``truncated``: cut by max_tokens, so the engine counted accepted drafts of its last

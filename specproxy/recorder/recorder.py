@@ -115,7 +115,7 @@ class Trace:
         before = len(tl.chunks)
         tl.feed(t_ns, data)
         chunks = tl.chunks
-        if len(chunks) != before:
+        if len(chunks) != before and self._recorder.scraper.enabled:
             ledger = self._recorder.ledger
             rid = self.meta.request_id
             exact = tl.exact_counts
