@@ -35,6 +35,7 @@ class _Activity:
     tokens: float = 0.0  # tokens of the decode chunks, as counted (exactly or approximately)
     exact: bool = True  # every count came from usage or token ids
     per_position: list[float] = field(default_factory=list)  # steps that accepted position i (from chunk sizes)
+    multi: float = 0.0  # steps that brought more than one token: they certainly drafted
 
 
 @dataclass(slots=True)
@@ -45,7 +46,38 @@ class _Interval:
     per_position: list[float]
     members: dict[str, _Activity]
     workloads: dict[str, str]
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
     truncated: set[str] = field(default_factory=set)  # members that ended cut by max_tokens
+
+    def known_drafted(self, a: _Activity) -> float:
+        return a.multi if a.exact else 0.0
+
+    def draft_share(self, rid: str, q: Mapping[str, float], partial: bool) -> tuple[float, float]:
+        """This request's drafts and draft tokens in the interval.
+
+        When every step drafts (MTP, EAGLE, draft models) drafts follow steps. When only some do (ngram), a step
+        that brought several tokens certainly drafted; the remaining drafts go to the other steps as each
+        workload's fitted drafting rate ``q`` predicts them (:class:`DraftModel`). Draft tokens follow drafts.
+        """
+        me = self.members[rid]
+        steps = sum(a.steps for a in self.members.values())
+        if not partial or len(self.members) == 1:
+            mine = self.drafts * me.steps / steps if steps else 0.0
+        else:
+            known = sum(self.known_drafted(a) for a in self.members.values())
+            rest = max(0.0, self.drafts - known)
+            weights = {
+                m: q.get(self.workloads.get(m, ""), 1.0) * (a.steps - self.known_drafted(a))
+                for m, a in self.members.items()
+            }
+            total = sum(weights.values())
+            if total <= 0:
+                weights = {m: a.steps - self.known_drafted(a) for m, a in self.members.items()}
+                total = sum(weights.values())
+            mine = min(me.steps, self.known_drafted(me) + (rest * weights[rid] / total if total > 0 else 0.0))
+        tokens = self.draft_tokens * mine / self.drafts if self.drafts else 0.0
+        return mine, tokens
 
     def attribute(self, rid: str, coef: Mapping[str, tuple[float, float]]) -> tuple[float, list[float]]:
         """This request's accepted tokens and per-position counts in the interval.
@@ -204,6 +236,59 @@ class AcceptanceModel:
         return True
 
 
+class DraftModel:
+    """The share of a workload's decode steps that drafted, among those whose chunk does not show it (a step that
+    brought one token may have drafted and had everything rejected, or not drafted at all: ngram proposes only when
+    its lookup matches). ``remaining_drafts_j ~= sum_w q_w * unknown_steps_{w,j}``, weighted least squares across
+    intervals, pulled towards the pooled rate."""
+
+    MAX_WORKLOADS = 16
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._xtx: list[list[float]] = []
+        self._xty: list[float] = []
+        self._sum_y = 0.0
+        self._sum_x = 0.0
+
+    def add(self, unknown_steps: Mapping[str, float], remaining_drafts: float) -> None:
+        cols = []
+        for w, n in unknown_steps.items():
+            if n <= 0:
+                continue
+            if w not in self._names:
+                if len(self._names) >= self.MAX_WORKLOADS:
+                    continue
+                self._names.append(w)
+                for row in self._xtx:
+                    row.append(0.0)
+                self._xtx.append([0.0] * len(self._names))
+                self._xty.append(0.0)
+            cols.append((self._names.index(w), n))
+        if not cols:
+            return
+        total = sum(n for _, n in cols)
+        wt = 1.0 / total
+        self._sum_y += remaining_drafts
+        self._sum_x += total
+        for i, ai in cols:
+            self._xty[i] += wt * ai * remaining_drafts
+            for j, aj in cols:
+                self._xtx[i][j] += wt * ai * aj
+
+    def rates(self) -> dict[str, float]:
+        n = len(self._names)
+        if n == 0 or self._sum_x <= 0:
+            return {}
+        pooled = self._sum_y / self._sum_x
+        lam = 1e-3 * sum(self._xtx[i][i] for i in range(n)) / n + 1e-9
+        a = [[self._xtx[i][j] + (lam if i == j else 0.0) for j in range(n)] for i in range(n)]
+        sol = _solve(a, [self._xty[i] + lam * pooled for i in range(n)])
+        if sol is None:
+            return {}
+        return {w: min(1.0, max(0.0, v)) for w, v in zip(self._names, sol, strict=True)}
+
+
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting; None when singular."""
     n = len(b)
@@ -261,6 +346,7 @@ class CounterLedger:
         self._events: deque[Event] = deque()
         self._req: dict[str, _Attributed] = {}
         self.model = AcceptanceModel()
+        self.drafting = DraftModel()
         self.unattributed = _Attributed()  # deltas that fell in intervals with no request of ours
         self.total = _Attributed()
         self.settled_steps = 0.0  # decode steps seen in intervals that got a delta
@@ -321,6 +407,7 @@ class CounterLedger:
                 act.tokens += n
                 taken += 1
                 if n > 1:  # a step that brought n tokens accepted positions 0 .. n-2
+                    act.multi += 1
                     if len(act.per_position) < n - 1:
                         act.per_position.extend([0.0] * (n - 1 - len(act.per_position)))
                     for i in range(n - 1):
@@ -378,19 +465,23 @@ class CounterLedger:
                     w_steps, w_text = by_w.get(w, (0.0, 0.0))
                     by_w[w] = (w_steps + a.steps, w_text + a.tokens)
             self.model.add(by_w, remainder)
-        interval = _Interval(accepted, per_pos, merged, workloads)
+        interval = _Interval(accepted, per_pos, merged, workloads, drafts, draft_tokens)
+        if not reset and drafts > 0:
+            known = sum(interval.known_drafted(a) for a in merged.values())
+            unknown: dict[str, float] = {}
+            for rid, a in merged.items():
+                w = workloads.get(rid, "")
+                unknown[w] = unknown.get(w, 0.0) + a.steps - interval.known_drafted(a)
+            self.drafting.add(unknown, drafts - known)
         # sharing an interval only makes a request's figure approximate when some member's tokens are approximate:
         # exact members' accepted tokens are known (tokens - steps)
         stepped = [a for a in merged.values() if a.steps > 0]
         overlapped = len(stepped) > 1
         shared = overlapped and not all(a.exact for a in stepped)
-        for rid, act in merged.items():
+        for rid in merged:
             r = self._req.get(rid)
             if r is None:
                 continue
-            ws = act.steps / steps
-            r.drafts += drafts * ws
-            r.draft_tokens += draft_tokens * ws
             r.intervals += 1
             r.shared = r.shared or shared
             r.overlapped = r.overlapped or overlapped
@@ -424,11 +515,17 @@ class CounterLedger:
         if r is None or r.intervals == 0:
             return None
         coef = self.model.coefficients()
+        fraction = self.draft_fraction
+        partial = fraction is not None and fraction < 0.95
+        q = self.drafting.rates() if partial else {}
         if rid in self._truncated:
             self._truncated.discard(rid)
             for interval in r.open_intervals:
                 interval.truncated.add(rid)
         for interval in r.open_intervals:
+            drafts, draft_tokens = interval.draft_share(rid, q, partial)
+            r.drafts += drafts
+            r.draft_tokens += draft_tokens
             accepted, pos = interval.attribute(rid, coef)
             r.accepted += accepted
             if len(r.per_position) < len(pos):
@@ -443,7 +540,8 @@ class CounterLedger:
             draft_tokens=r.draft_tokens,
             per_position=tuple(r.per_position),
             k=k,
-            exact=not (r.shared or r.incomplete or r.reset),
+            # with partial drafting, an overlapped request's drafts are modelled, not known
+            exact=not (r.shared or r.incomplete or r.reset or (partial and r.overlapped)),
         )
         return CounterAttribution(est, r.intervals, r.overlapped, r.reset)
 
