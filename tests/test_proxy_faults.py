@@ -132,7 +132,7 @@ async def test_client_disconnect_cancels_upstream_within_1s(tmp_path: Path, when
                     break
                 await asyncio.sleep(0.02)
             assert reqs and all(q.get("aborted") for q in reqs), reqs
-            assert loop.time() - cancelled_at < 1.0 + 0.5
+            assert loop.time() - cancelled_at < 1.0
         (rec,) = await _records(px)
         assert rec["outcome"] == "client_cancelled"
 
@@ -164,7 +164,7 @@ async def test_real_proxy_process_frees_the_engine_when_client_leaves_during_pre
                     break
                 await asyncio.sleep(0.02)
             assert reqs and all(q.get("aborted") for q in reqs), reqs
-            assert loop.time() - cancelled_at < 1.5
+            assert loop.time() - cancelled_at < 1.0
 
 
 async def test_metrics_hanging_does_not_slow_traffic(tmp_path: Path) -> None:
