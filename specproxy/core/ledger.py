@@ -488,6 +488,13 @@ class CounterLedger:
             r.reset = r.reset or reset
             r.open_intervals.append(interval)
 
+    PARTIAL_DRAFTING_BELOW = 0.95  # drafts per decode step under this: the method drafts on some steps only
+
+    @property
+    def partial_drafting(self) -> bool:
+        fraction = self.draft_fraction
+        return fraction is not None and fraction < self.PARTIAL_DRAFTING_BELOW
+
     @property
     def draft_fraction(self) -> float | None:
         """Drafts per decode step seen so far: about 1 when every step drafts (MTP, EAGLE, draft models), lower
@@ -515,8 +522,7 @@ class CounterLedger:
         if r is None or r.intervals == 0:
             return None
         coef = self.model.coefficients()
-        fraction = self.draft_fraction
-        partial = fraction is not None and fraction < 0.95
+        partial = self.partial_drafting
         q = self.drafting.rates() if partial else {}
         if rid in self._truncated:
             self._truncated.discard(rid)

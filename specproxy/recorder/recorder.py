@@ -13,7 +13,8 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -143,7 +144,7 @@ class Recorder:
         self.ledger = CounterLedger()
         self.run_id = config.run_id or uuid.uuid4().hex[:12]
         self.sink = RecordSink(
-            _path(config.record_path),
+            Path(config.record_path) if config.record_path else None,
             rotate_bytes=config.rotate_bytes,
             on_written=self.metrics.records_written.inc,
             on_dropped=self.metrics.records_dropped.inc,
@@ -251,11 +252,10 @@ class Recorder:
                 chunks_are_steps = False
         elif self.scraper.enabled and self.scraper.state.errors and tl.stream:
             flags.append("metrics_unavailable")
-        fraction = self.ledger.draft_fraction
         alone = counters is not None and not counters.overlapped and counters.estimate.exact
         partial_drafting = (
             (k is not None and abs(k - round(k)) > 0.05)  # ngram proposes fewer than k tokens at times
-            or (fraction is not None and fraction < 0.9)  # and drafts on some steps only
+            or self.ledger.partial_drafting  # and drafts on some steps only
             or (
                 alone
                 and chunk_est is not None
@@ -264,14 +264,10 @@ class Recorder:
             )
         )
         if chunk_est is not None and partial_drafting:
-            chunk_est = SpecEstimate(
-                chunk_est.accepted, chunk_est.drafts, chunk_est.draft_tokens, chunk_est.per_position, k, exact=False
-            )
+            chunk_est = replace(chunk_est, exact=False)
             flags.append("partial_drafting")
-        if chunk_est is not None and not chunks_are_steps and chunk_est.exact:
-            chunk_est = SpecEstimate(
-                chunk_est.accepted, chunk_est.drafts, chunk_est.draft_tokens, chunk_est.per_position, k, exact=False
-            )
+        if chunk_est is not None and not chunks_are_steps:
+            chunk_est = replace(chunk_est, exact=False)
         source, chosen = _choose(server, chunk_est, counter_est)
         if chosen is not None and chosen.draft_tokens and chosen.accepted == 0:
             flags.append("spec_zero_acceptance")
@@ -491,9 +487,3 @@ def _one_line(err: Any) -> str:
         if isinstance(msg, str):
             return " ".join(msg.split())[:500]
     return " ".join(str(err).split())[:500]
-
-
-def _path(p: str | None) -> Any:
-    from pathlib import Path
-
-    return Path(p) if p else None
