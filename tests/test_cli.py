@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,17 @@ import pytest
 from specproxy import __version__
 
 
+SCRATCH = tempfile.mkdtemp(prefix="specproxy-cli-")  # commands run here, so nothing lands in the checkout
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "specproxy", *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "specproxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        cwd=SCRATCH,
     )
 
 

@@ -94,6 +94,7 @@ def register(app: typer.Typer) -> None:
                 fail(f"cannot read rules file {rules}: {e.strerror}")
             except RulesError as e:
                 fail(str(e))
+        max_body_bytes = parse_size(max_body)  # every option is checked before anything touches the disk
         record_path = None if record == "-" else record
         if record_path is not None:
             try:
@@ -118,7 +119,7 @@ def register(app: typer.Typer) -> None:
             rules=parsed_rules,
             connect_timeout_s=connect_timeout,
             idle_timeout_s=idle_timeout,
-            max_body_bytes=parse_size(max_body),
+            max_body_bytes=max_body_bytes,
             max_connections=max_connections,
             drain_timeout_s=drain_timeout,
             fail_closed=fail_closed,
