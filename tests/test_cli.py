@@ -11,7 +11,6 @@ import pytest
 
 from specproxy import __version__
 
-
 SCRATCH = tempfile.mkdtemp(prefix="specproxy-cli-")  # commands run here, so nothing lands in the checkout
 
 
