@@ -4,6 +4,7 @@ on a CPU). The server's own per-request figures are the truth."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -55,3 +56,44 @@ async def test_counters_alone_equal_the_servers_per_request_figures(tmp_path: Pa
             assert est["chunks"]["accepted"] == est["server"]["accepted"]
         else:  # cut by max_tokens: the counters include the last step's unemitted drafts (1 to 4 tokens)
             assert 0 <= est["server"]["accepted"] - est["chunks"]["accepted"] <= 4
+
+
+async def test_overlapping_requests_per_workload_close_to_the_servers_figures(tmp_path: Path) -> None:
+    """Four at a time through the proxy: the counters, shared among overlapping requests, against the server's own
+    per-request figures summed per workload."""
+    assert VLLM is not None
+    record = tmp_path / "r.jsonl"
+    async with proxy_process(VLLM, record) as (url, _), aiohttp.ClientSession() as s:
+        model = await _model(s)
+        queue: list[tuple[str, str]] = PROMPTS * 8
+
+        async def worker() -> None:
+            while queue:
+                workload, prompt = queue.pop()
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": 160,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                }
+                headers = {"X-Specproxy-Workload": workload}
+                async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+                    assert r.status == 200
+                    await r.read()
+
+        await asyncio.gather(*(worker() for _ in range(4)))
+    sums: dict[str, dict[str, list[float]]] = {}
+    for rec in read_records(record):
+        if not rec["path"].endswith("completions"):
+            continue
+        est = rec["spec"]["estimates"]
+        per = sums.setdefault(rec["workload"], {"server": [0.0, 0.0], "counters": [0.0, 0.0]})
+        for src in ("server", "counters"):
+            per[src][0] += est[src]["accepted"]
+            per[src][1] += est[src]["draft_tokens"]
+    assert set(sums) == {"code_agent", "ja_chat"}
+    for per in sums.values():
+        server, counters = per["server"][0] / per["server"][1], per["counters"][0] / per["counters"][1]
+        assert abs(server - counters) <= 0.05, (server, counters)
