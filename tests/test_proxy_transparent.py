@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import io
+import zlib
 from pathlib import Path
 
 import aiohttp
@@ -218,3 +219,38 @@ async def test_own_metrics_and_status_not_forwarded(tmp_path: Path) -> None:
 
 def _unused(_: web.Request) -> None:  # keeps the import used for type checkers
     return None
+
+
+async def test_gzip_event_stream_relayed_compressed_and_still_recorded(tmp_path: Path) -> None:
+    pieces = capture_pieces("chat-stream-draftmodel-k3-code.sse")
+    comp = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    gz = [comp.compress(p) + comp.flush(zlib.Z_SYNC_FLUSH) for p in pieces] + [comp.flush()]
+    headers = {"Content-Type": "text/event-stream", "Content-Encoding": "gzip"}
+    up = await start_upstream(lambda req, body: Script(gz, headers=headers))
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False, rec_k=3) as px:
+            status, h, body, _ = await fetch(px.url + "/v1/chat/completions", data=b"{}")
+            assert status == 200 and h["Content-Encoding"] == "gzip" and body == b"".join(gz)
+            await px.flush()
+            (rec,) = px.records()
+            assert rec["completion_tokens"] == 93 and rec["token_source"] == "usage"
+            assert rec["spec"]["accepted"] == 69
+    finally:
+        await up.server.close()
+
+
+async def test_several_choices_are_not_steps(tmp_path: Path) -> None:
+    def chunk(index: int, text: str, done: int) -> bytes:
+        c = {"choices": [{"index": index, "delta": {"content": text}}], "usage": {"completion_tokens": done}}
+        return b"data: " + orjson.dumps(c) + b"\n\n"
+
+    pieces = [chunk(0, "a", 1), chunk(1, "b", 2), chunk(0, "cd", 4), chunk(1, "e", 5), b"data: [DONE]\n\n"]
+    up = await start_upstream(lambda req, body: Script(pieces))
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False, rec_k=3) as px:
+            await fetch(px.url + "/v1/chat/completions", data=b'{"n": 2, "stream": true}')
+            await px.flush()
+            (rec,) = px.records()
+            assert "several_choices" in rec["flags"] and rec["chunks_are_steps"] is False
+    finally:
+        await up.server.close()

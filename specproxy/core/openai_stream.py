@@ -27,6 +27,7 @@ class StreamChunk:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # cumulative, as the server reports it
     n_token_ids: int | None = None  # ``token_ids`` lengths summed over choices, when the server sent them
+    max_index: int = 0  # the highest choice index: above 0 means n > 1, several sequences per request
     spec: dict[str, Any] | None = None  # vLLM ``metrics.speculative_decoding``
     llama_timings: dict[str, Any] | None = None  # llama.cpp ``timings`` (draft_n / draft_n_accepted)
     error: Any = None
@@ -77,11 +78,15 @@ def interpret_json(obj: Any) -> StreamChunk:
     texts: list[str] = []
     finish: str | None = None
     n_ids: int | None = None
+    max_index = 0
     if isinstance(choices, list):
         n_choices = len(choices)
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
+            index = choice.get("index")
+            if isinstance(index, int) and index > max_index:
+                max_index = index
             delta = choice.get("delta")
             if isinstance(delta, dict) and "role" in delta:
                 role = True
@@ -121,6 +126,7 @@ def interpret_json(obj: Any) -> StreamChunk:
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         n_token_ids=n_ids,
+        max_index=max_index,
         spec=spec,
         llama_timings=timings if isinstance(timings, dict) else None,
     )

@@ -7,6 +7,7 @@ re-serialised. :meth:`ResponseTimeline.result` turns it into the figures a recor
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,9 +54,27 @@ class TimelineResult:
 class ResponseTimeline:
     """Feed it the response as it arrives; ask for :meth:`result` at the end."""
 
-    def __init__(self, start_ns: int, *, stream: bool, tokenizer: Tokenizer | None = None, keep_text: bool = False):
+    def __init__(
+        self,
+        start_ns: int,
+        *,
+        stream: bool,
+        tokenizer: Tokenizer | None = None,
+        keep_text: bool = False,
+        content_encoding: str | None = None,
+    ):
         self.start_ns = start_ns
         self.stream = stream
+        # The proxy relays bytes as they came (compressed or not); the recorder reads a decompressed copy.
+        enc = (content_encoding or "").strip().lower()
+        self._inflate: Any = None
+        self._inflate_failed = False
+        if enc in ("gzip", "x-gzip"):
+            self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif enc == "deflate":
+            self._inflate = zlib.decompressobj()
+        elif enc not in ("", "identity"):
+            self._inflate_failed = True  # br, zstd: relayed untouched, not read
         self._sse = SSEDecoder()
         self._tokens = ChunkTokenCounter(tokenizer)
         self._keep_text = keep_text
@@ -69,6 +88,7 @@ class ResponseTimeline:
         self.reads = 0
         self.multi_event_reads = 0
         self.non_json = 0
+        self.several_choices = False  # n > 1: chunks of several sequences interleave, a chunk is not a step
         self.done = False
         self.first_token_ns: int | None = None
         self.last_token_ns: int | None = None
@@ -92,6 +112,14 @@ class ResponseTimeline:
     # -- feeding ---------------------------------------------------------------------------------------------------
     def feed(self, t_ns: int, data: bytes) -> None:
         self.reads += 1
+        if self._inflate_failed:
+            return
+        if self._inflate is not None:
+            try:
+                data = self._inflate.decompress(data)
+            except zlib.error:
+                self._inflate_failed = True
+                return
         if not self.stream:
             if not self._body_over:
                 if len(self._body) + len(data) > NON_STREAM_PARSE_LIMIT:
@@ -124,6 +152,8 @@ class ResponseTimeline:
     def _on_chunk(self, t_ns: int, c: StreamChunk) -> bool:
         if c.id and self._id is None:
             self._id = c.id
+        if c.max_index > 0:
+            self.several_choices = True
         if c.finish_reason and self._finish is None:
             self._finish = c.finish_reason
         if c.spec is not None:
@@ -176,6 +206,10 @@ class ResponseTimeline:
             flags.append("non_json_events")
         if self._body_over:
             flags.append("body_not_parsed")
+        if self.several_choices:
+            flags.append("several_choices")
+        if self._inflate_failed:
+            flags.append("compressed_not_parsed")
         ttft = (self.first_token_ns - self.start_ns) / 1e9 if self.first_token_ns is not None else None
         rate = decode_tok_s(self.chunks) if self.stream else None
         tpot = None

@@ -48,7 +48,8 @@ HOP_BY_HOP = frozenset(
         "Upgrade",
     )
 )
-_REQ_DROP = HOP_BY_HOP | {"host", "content-length", WORKLOAD_HEADER.lower()}
+# the body has been read already: an Expect: 100-continue is answered here, not passed on
+_REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect", WORKLOAD_HEADER.lower()}
 _RESP_DROP = HOP_BY_HOP | {"content-length"}
 
 CONFIG = web.AppKey("config", ProxyConfig)
@@ -157,7 +158,7 @@ async def _relay_body(
     request: web.Request, upstream: aiohttp.ClientResponse, trace: Trace
 ) -> tuple[web.StreamResponse, str, str | None]:
     content_type = upstream.headers.get("Content-Type")
-    trace.response_started(upstream.status, content_type)
+    trace.response_started(upstream.status, content_type, upstream.headers.get("Content-Encoding"))
     resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     drop = _RESP_DROP | _connection_tokens(upstream.headers)
     for k, v in upstream.headers.items():

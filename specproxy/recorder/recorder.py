@@ -98,7 +98,7 @@ class Trace:
         self.overhead_max_ns = 0
         self.overhead_count = 0
 
-    def response_started(self, status: int, content_type: str | None) -> None:
+    def response_started(self, status: int, content_type: str | None, content_encoding: str | None = None) -> None:
         self.status = status
         self.headers_ns = time.perf_counter_ns()
         stream = bool(content_type and content_type.split(";", 1)[0].strip().lower() == "text/event-stream")
@@ -107,6 +107,7 @@ class Trace:
             stream=stream,
             tokenizer=self._recorder.tokenizer,
             keep_text=self._recorder.config.capture == "full",
+            content_encoding=content_encoding,
         )
 
     def feed(self, t_ns: int, data: bytes) -> None:
@@ -227,7 +228,9 @@ class Recorder:
             return rec
         tokens = [n for _, n in tl.chunks if n > 0]
         k = float(self.config.k) if self.config.k else self.scraper.learned_k()
-        chunks_are_steps = tl.stream and bool(tokens) and tl.token_source in EXACT_SOURCES
+        chunks_are_steps = (
+            tl.stream and bool(tokens) and tl.token_source in EXACT_SOURCES and "several_choices" not in flags
+        )
         if chunks_are_steps and k is not None and tokens and max(tokens) > round(k) + 1:
             flags.append("stream_interval_suspected")  # more tokens in one chunk than one step can bring
             chunks_are_steps = False
