@@ -26,6 +26,19 @@ async def _records(px: object) -> list[dict[str, object]]:
     return px.records()  # type: ignore[attr-defined,no-any-return]
 
 
+async def _all_aborted(s: aiohttp.ClientSession, sim_url: str) -> None:
+    """Poll the simulator's truth until every request it saw is aborted (or fail after 2 s)."""
+    reqs: list[dict[str, object]] = []
+    for _ in range(100):
+        async with s.get(sim_url + "/sim/requests") as r:
+            listing = await r.json()
+        reqs = listing if isinstance(listing, list) else listing.get("requests", [])
+        if reqs and all(q.get("aborted") for q in reqs):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not every request was aborted: {reqs}")
+
+
 async def test_upstream_down_gives_502_json_and_a_record(tmp_path: Path) -> None:
     # a port nobody listens on: bind then close
     import socket
@@ -124,14 +137,7 @@ async def test_client_disconnect_cancels_upstream_within_1s(tmp_path: Path, when
                 await task
         # the simulator saw the abort (vLLM frees the GPU at that moment)
         async with aiohttp.ClientSession() as s:
-            for _ in range(100):
-                async with s.get(sim.url + "/sim/requests") as r:
-                    listing = await r.json()
-                reqs = listing if isinstance(listing, list) else listing.get("requests", [])
-                if reqs and all(q.get("aborted") for q in reqs):
-                    break
-                await asyncio.sleep(0.02)
-            assert reqs and all(q.get("aborted") for q in reqs), reqs
+            await _all_aborted(s, sim.url)
             assert loop.time() - cancelled_at < 1.0
         (rec,) = await _records(px)
         assert rec["outcome"] == "client_cancelled"
@@ -155,15 +161,7 @@ async def test_real_proxy_process_frees_the_engine_when_client_leaves_during_pre
             cancelled_at = loop.time()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            reqs: list[dict[str, object]] = []
-            for _ in range(100):
-                async with s.get(sim_url + "/sim/requests") as r:
-                    listing = await r.json()
-                reqs = listing if isinstance(listing, list) else listing.get("requests", [])
-                if reqs and all(q.get("aborted") for q in reqs):
-                    break
-                await asyncio.sleep(0.02)
-            assert reqs and all(q.get("aborted") for q in reqs), reqs
+            await _all_aborted(s, sim_url)
             assert loop.time() - cancelled_at < 1.0
 
 
