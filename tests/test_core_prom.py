@@ -166,3 +166,41 @@ def test_ledger_forgets_old_chunks_when_nothing_settles() -> None:
     assert len(led._events) < 4096 * 3
     assert led._events[0][0] >= (4096 * 3 - 1) * 10**8 - CounterLedger.MAX_EVENT_AGE_NS - 4096 * 10**8
     assert led.pop("a") is None  # nothing was ever settled for it
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "capture"),
+    [
+        ("metrics-ngram-before-code.txt", "metrics-ngram-after-code.txt", "chat-stream-ngram-k3-code.sse"),
+        (
+            "metrics-draftmodel-before-code.txt",
+            "metrics-draftmodel-after-code.txt",
+            "chat-stream-draftmodel-k3-code.sse",
+        ),
+        (
+            "metrics-ngram-before-per-request.txt",
+            "metrics-ngram-after-per-request.txt",
+            "chat-stream-ngram-k3-per-request-metrics.sse",
+        ),
+    ],
+)
+def test_recorder_families_parse_alike_and_itl_count_is_decode_steps(before: str, after: str, capture: str) -> None:
+    """Pinned on real vLLM 0.32: the inter-token-latency histogram's count grows by one per decode step of the
+    request (the chunks after the first), which is what lets the ledger cut intervals by step count."""
+    from specproxy.core.openai_stream import interpret
+    from specproxy.core.prom import RECORDER_FAMILIES
+    from specproxy.core.sse import SSEDecoder
+
+    full = spec_counters("vllm", delta(snap(before), snap(after)).values)
+    b = parse_snapshot((DATA / before).read_text(), only=RECORDER_FAMILIES)
+    a = parse_snapshot((DATA / after).read_text(), only=RECORDER_FAMILIES)
+    assert spec_counters("vllm", delta(b, a).values) == full
+    prev = 0
+    steps = 0
+    for ev in SSEDecoder().feed((DATA / capture).read_bytes()):
+        c = interpret(ev.data)
+        if c.kind == "chunk" and c.has_choices and c.completion_tokens is not None:
+            if c.completion_tokens > prev:
+                steps += 1
+            prev = c.completion_tokens
+    assert full.decode_steps == steps - 1 and full.prefills == 1

@@ -19,6 +19,7 @@ import aiohttp
 
 from specproxy.core.ledger import CounterLedger
 from specproxy.core.prom import (
+    RECORDER_FAMILIES,
     MetricsParseError,
     Snapshot,
     SpecCounters,
@@ -138,7 +139,7 @@ class Scraper:
                 if resp.status != 200:
                     raise ScrapeError(f"HTTP {resp.status}")
                 text = await resp.text(errors="replace")
-            snap = parse_snapshot(text)
+            snap = parse_snapshot(text, only=RECORDER_FAMILIES)
         except (aiohttp.ClientError, TimeoutError, MetricsParseError, ScrapeError, ValueError) as e:
             self._error(str(e) or type(e).__name__)
             return False
