@@ -148,10 +148,16 @@ async def _relay(
     except aiohttp.ClientError as e:
         reason = f"upstream error: {e}"
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
+    finished = False
     try:
-        return await _relay_body(request, upstream, trace)
+        result = await _relay_body(request, upstream, trace)
+        finished = result[1] == "ok" or result[1] == "upstream_error"
+        return result
     finally:
-        upstream.close()  # releases a finished connection; cuts one still streaming (client gone, error)
+        if finished and upstream.content.at_eof():
+            upstream.release()  # read to the end: the connection goes back to the pool (no new handshake)
+        else:
+            upstream.close()  # cut one still streaming (client gone, upstream broke): the engine aborts it
 
 
 async def _relay_body(
@@ -181,12 +187,15 @@ async def _relay_body(
     try:
         async for data in upstream.content.iter_any():
             t = perf()
-            await resp.write(data)
+            await resp.write(data)  # the bytes go out first; the bookkeeping follows
+            b = perf()
             try:
                 trace.feed(t, data)
             except Exception:  # bookkeeping must never break the client's stream
                 log.exception("recording a chunk failed")
-            trace.add_overhead(perf() - t)
+            # what recording adds to relaying this read (the write itself is what any proxy pays, and may wait for
+            # a slow client)
+            trace.add_overhead(perf() - b)
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
         # The upstream broke mid-response: end the client's stream without a clean finish, so it sees the break.
         _abort_client(request)

@@ -67,7 +67,7 @@ class OwnMetrics:
         self.sink_errors = Counter("specproxy_record_sink_errors", "Failed record writes.", registry=r)
         self.overhead = Histogram(
             "specproxy_proxy_overhead_seconds",
-            "specproxy's own time per relayed read (bookkeeping and handing the bytes to the client socket).",
+            "Time recording adds per relayed read (SSE scan, JSON parse, timeline), per request mean.",
             buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )

@@ -49,6 +49,7 @@ class RecorderConfig:
     k: int | None = None  # num_speculative_tokens, when known; else learned from the counters
     scrape_interval_s: float = 0.25
     scrape_timeout_s: float = 2.0
+    scrape_min_gap_s: float = 0.1  # the floor between two scrapes, however many requests end
     finalize_wait_s: float = 5.0  # how long a finished request waits for its closing scrape
     # Without exact token counts, overlapping requests share counter deltas through a per-workload acceptance
     # model that improves with every scrape interval: their records wait for it to settle up to this long.
@@ -157,6 +158,7 @@ class Recorder:
             self.ledger,
             interval_s=config.scrape_interval_s,
             timeout_s=config.scrape_timeout_s,
+            min_gap_s=config.scrape_min_gap_s,
             on_error=self.metrics.scrape_errors.inc,
             on_settle=self._check_calibration,
         )

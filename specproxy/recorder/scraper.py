@@ -1,9 +1,10 @@
 """Scrapes of the engine's ``/metrics``, coalesced, never on the relay path.
 
-One scrape is in flight at a time. Asking for a scrape returns a future for the first scrape that *starts* after the
-ask, so requests that end close together share one. While requests are in flight a periodic scrape (default every
-250 ms) keeps the intervals short, so overlapping requests can be told apart; scrape load does not grow with request
-rate. Each scrape cuts the attribution interval when it is issued and settles it with the delta when it returns.
+One scrape is in flight at a time, at least ``min_gap_s`` (100 ms) apart. Asking for a scrape (a request ended)
+returns a future for the first scrape that *starts* after the ask, so requests that end close together share one.
+While requests are in flight a periodic scrape (default every 250 ms) keeps the intervals short. Scrape load is
+bounded (at most 10 a second) whatever the request rate: it matters, since the engine's API server renders its whole
+/metrics text for each. Each scrape's delta settles the chunks that the engine counted in it (see core/ledger.py).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Scraper:
         *,
         interval_s: float = 0.25,
         timeout_s: float = 2.0,
-        min_gap_s: float = 0.02,
+        min_gap_s: float = 0.1,
         on_error: Callable[[], None] | None = None,
         in_flight: Callable[[], int] | None = None,
         on_settle: Callable[[], None] | None = None,
@@ -71,7 +72,8 @@ class Scraper:
         self._on_settle = on_settle
         self._last: Snapshot | None = None
         self._waiters: list[asyncio.Future[bool]] = []
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # scrape now (a request ended, or the baseline)
+        self._active = asyncio.Event()  # requests are in flight: scrape periodically
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.state = ScrapeState()
@@ -88,6 +90,7 @@ class Scraper:
         if self.enabled:
             self._task = asyncio.create_task(self._run(), name="specproxy-scraper")
             self._wake.set()  # the baseline scrape
+            self._active.set()
 
     def request(self) -> asyncio.Future[bool]:
         """A future set (True on success) by the first scrape that starts after this call."""
@@ -97,18 +100,22 @@ class Scraper:
             return fut
         self._waiters.append(fut)
         self._wake.set()
+        self._active.set()
         return fut
 
     def kick(self) -> None:
-        """A request started: make sure the periodic loop is running."""
+        """A request started: make sure the periodic loop runs. No scrape now: intervals are cut by the engine's
+        step count, so a request needs no scrape of its own at its start, and a scrape costs the engine's API
+        server real time (prometheus_client renders vLLM's ~55 KB text on every scrape)."""
         if self.enabled:
-            self._wake.set()
+            self._active.set()
 
     async def _run(self) -> None:
         while not self._closed:
-            if not self._waiters and self._in_flight() == 0:
-                await self._wake.wait()
-            else:
+            if not self._waiters and self._in_flight() == 0 and not self._wake.is_set():
+                self._active.clear()
+                await self._active.wait()  # idle until a request starts or asks for a scrape
+            if not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.interval_s)
             self._wake.clear()
@@ -206,6 +213,7 @@ class Scraper:
     async def close(self) -> None:
         self._closed = True
         self._wake.set()
+        self._active.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
