@@ -16,6 +16,7 @@ from specproxy.analysis.aggregate import (
     describe_key,
     field_getter,
     gaps,
+    generates,
     group_records,
     in_flight,
     is_ok,
@@ -67,6 +68,8 @@ def _table_html(t: Table) -> str:
 
 
 def charts(report: Report, records: Sequence[Record]) -> list[str]:
+    # the charts are about generation: a client's /v1/models or /health calls would be empty categories
+    records = [r for r in records if generates(r)] or list(records)
     by_wl = group_records(records, ("workload", "label"))
     workloads = list(dict.fromkeys(w for w, _ in by_wl))
     labels = list(dict.fromkeys(lab for _, lab in by_wl))
