@@ -173,3 +173,25 @@ async def test_mixed_ngram_drafting_on_some_steps_within_5_points(tmp_path: Path
     assert all("partial_drafting" in r["flags"] for r in recs if r["spec"]["source"] == "counters")
     for w in t:
         assert abs(m[w] - t[w]) <= 0.05, (w, m[w], t[w])
+
+
+async def test_a_non_streamed_request_does_not_pollute_a_streaming_ones_counters(tmp_path: Path) -> None:
+    """A non-streamed request's steps show no chunks: the engine counts them, so the interval is cut by time, the
+    streaming request's figure is not claimed exact, and it does not take the other request's accepted tokens."""
+    async with (
+        running_sim(speed=20.0) as sim,
+        running_proxy(sim.url, tmp_path) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        await _wait_ready(px)
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body(stream=False, max_tokens=60)) as r:
+            assert (await r.json())["usage"]["completion_tokens"] == 60
+        await _send(s, px.url, chat_body(max_tokens=60), "w")
+        await px.flush()
+        non_stream, streamed = px.records()
+        assert non_stream["stream"] is False and non_stream["spec"] is None  # nothing to attribute it from
+        t = await truth(s, sim, streamed["upstream_id"])
+        c = streamed["spec"]["estimates"]["counters"]
+        assert c["exact"] is False
+        assert abs(c["accepted"] - t["counted_accepted"]) <= 3  # not the two requests' sum
+        assert c["drafts"] == t["drafts"]

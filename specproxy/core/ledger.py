@@ -48,6 +48,9 @@ class _Interval:
     workloads: dict[str, str]
     drafts: float = 0.0
     draft_tokens: float = 0.0
+    # the engine's own decode steps in the interval, when known and more than our chunks show: steps of requests we
+    # did not stream (another client, a non-streamed request) share the delta, so ours take only their part
+    foreign_steps: float = 0.0
     truncated: set[str] = field(default_factory=set)  # members that ended cut by max_tokens
 
     def known_drafted(self, a: _Activity) -> float:
@@ -62,8 +65,9 @@ class _Interval:
         """
         me = self.members[rid]
         steps = sum(a.steps for a in self.members.values())
-        if not partial or len(self.members) == 1:
-            mine = self.drafts * me.steps / steps if steps else 0.0
+        if not partial or (len(self.members) == 1 and not self.foreign_steps):
+            total_steps = steps + self.foreign_steps
+            mine = self.drafts * me.steps / total_steps if total_steps else 0.0
         else:
             known = sum(self.known_drafted(a) for a in self.members.values())
             rest = max(0.0, self.drafts - known)
@@ -101,12 +105,20 @@ class _Interval:
             accepted = max(0.0, me.tokens - me.steps)
             pos = [_pos(me, i) for i in range(k)]
             cut = [m for m in exact_ids if m in self.truncated]
-            if not inexact and rid in cut and rest > 0:
-                accepted += rest / len(cut)
-                pos = [p + max(0.0, r) / len(cut) for p, r in zip(pos, rest_pos, strict=True)]
+            if not inexact and not self.foreign_steps and rid in cut and rest > 0:
+                # the unemitted drafts of the last step: at most k tokens per request cut
+                extra = min(rest / len(cut), float(k)) if k else rest / len(cut)
+                f = extra / rest
+                accepted += extra
+                pos = [p + max(0.0, r) * f for p, r in zip(pos, rest_pos, strict=True)]
             return accepted, pos
         if rest <= 0:
             return 0.0, [0.0] * k
+        if self.foreign_steps:  # the remainder is also the foreign steps': keep only our inexact steps' part
+            ours = sum(a.steps for a in self.members.values() if not a.exact)
+            f = ours / (ours + self.foreign_steps) if ours + self.foreign_steps else 0.0
+            rest *= f
+            rest_pos = [r * f for r in rest_pos]
         model: dict[str, float] = {}
         for w, ids in inexact.items():
             steps = sum(self.members[m].steps for m in ids)
@@ -351,9 +363,7 @@ class CounterLedger:
         self.total = _Attributed()
         self.settled_steps = 0.0  # decode steps seen in intervals that got a delta
         self._truncated: set[str] = set()
-        self._deferred: SpecCounters | None = None  # a delta waiting for chunks still on their way
-        self._deferred_reset = False
-        self._deferrals = 0
+        self._owed = 0  # decode steps counted by the engine whose chunks arrived after their interval was cut
         self.aligned = 0  # intervals cut by the engine's step count
         self.time_cut = 0  # intervals cut by time
 
@@ -430,22 +440,26 @@ class CounterLedger:
         _add(
             self.total, delta.accepted or 0.0, delta.drafts or 0.0, delta.draft_tokens or 0.0, list(delta.per_position)
         )
-        if self._deferred is not None:  # counters are cumulative: a deferred delta joins this one
-            delta = _sum(self._deferred, delta)
-            reset = reset or self._deferred_reset
-            self._deferred = None
         quota = None
+        foreign = 0.0
         if delta.decode_steps is not None and not reset:
-            quota = round(delta.decode_steps)
-            if self._available(boundary_ns + slack_ns) < quota:
-                if self._deferrals < 3:
-                    # chunks of the last counted step are still on their way: settle with the next scrape
-                    self._deferred, self._deferred_reset = delta, reset
-                    self._deferrals += 1
-                    return
-                quota = None  # persistently short: another client uses the engine too, cut by time
-        self._deferrals = 0
+            quota = round(delta.decode_steps) + self._owed
+            self._owed = 0
+            short = quota - self._available(boundary_ns + slack_ns)
+            if short > 0:
+                if short <= max(1, self.in_flight()):
+                    # the chunk of the last counted step of a streaming request can still be on its way (one per
+                    # request at most): take what is here, and count the rest into the next interval
+                    quota -= short
+                    self._owed = short
+                else:
+                    # more steps than our streams can explain: another client, or a non-streamed request whose
+                    # steps show no chunks, uses the engine too. Cut by time; what no chunk explains stays
+                    # unattributed, and this interval's members are approximate.
+                    quota = None
         merged = self._take(boundary_ns, quota)
+        if quota is None and delta.decode_steps is not None and not reset:
+            foreign = max(0.0, delta.decode_steps - sum(a.steps for a in merged.values()))
         accepted = delta.accepted or 0.0
         drafts = delta.drafts or 0.0
         draft_tokens = delta.draft_tokens or 0.0
@@ -465,7 +479,7 @@ class CounterLedger:
                     w_steps, w_text = by_w.get(w, (0.0, 0.0))
                     by_w[w] = (w_steps + a.steps, w_text + a.tokens)
             self.model.add(by_w, remainder)
-        interval = _Interval(accepted, per_pos, merged, workloads, drafts, draft_tokens)
+        interval = _Interval(accepted, per_pos, merged, workloads, drafts, draft_tokens, foreign)
         if not reset and drafts > 0:
             known = sum(interval.known_drafted(a) for a in merged.values())
             unknown: dict[str, float] = {}
@@ -476,8 +490,8 @@ class CounterLedger:
         # sharing an interval only makes a request's figure approximate when some member's tokens are approximate:
         # exact members' accepted tokens are known (tokens - steps)
         stepped = [a for a in merged.values() if a.steps > 0]
-        overlapped = len(stepped) > 1
-        shared = overlapped and not all(a.exact for a in stepped)
+        overlapped = len(stepped) > 1 or foreign > 0
+        shared = (len(stepped) > 1 and not all(a.exact for a in stepped)) or foreign > 0
         for rid in merged:
             r = self._req.get(rid)
             if r is None:
@@ -553,24 +567,6 @@ class CounterLedger:
 
     def in_flight(self) -> int:
         return sum(1 for r in self._req.values() if not r.ended)
-
-
-def _sum(a: SpecCounters, b: SpecCounters) -> SpecCounters:
-    def plus(x: float | None, y: float | None) -> float | None:
-        return None if x is None and y is None else (x or 0.0) + (y or 0.0)
-
-    n = max(len(a.per_position), len(b.per_position))
-    pa, pb = list(a.per_position) + [0.0] * n, list(b.per_position) + [0.0] * n
-    return SpecCounters(
-        engine=b.engine,
-        drafts=plus(a.drafts, b.drafts),
-        draft_tokens=plus(a.draft_tokens, b.draft_tokens),
-        accepted=plus(a.accepted, b.accepted),
-        per_position=tuple(pa[i] + pb[i] for i in range(n)),
-        generation_tokens=plus(a.generation_tokens, b.generation_tokens),
-        decode_steps=plus(a.decode_steps, b.decode_steps),
-        prefills=plus(a.prefills, b.prefills),
-    )
 
 
 def _add(a: _Attributed, accepted: float, drafts: float, draft_tokens: float, per_pos: list[float]) -> None:

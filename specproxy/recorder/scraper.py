@@ -56,6 +56,7 @@ class Scraper:
         interval_s: float = 0.25,
         timeout_s: float = 2.0,
         min_gap_s: float = 0.1,
+        grace_s: float = 0.02,
         on_error: Callable[[], None] | None = None,
         in_flight: Callable[[], int] | None = None,
         on_settle: Callable[[], None] | None = None,
@@ -66,6 +67,7 @@ class Scraper:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.min_gap_s = min_gap_s
+        self.grace_s = grace_s
         self._last_start = 0.0
         self._on_error = on_error
         self._in_flight = in_flight or ledger.in_flight
@@ -166,6 +168,8 @@ class Scraper:
             if self.state.engine == "unknown":
                 self.state.engine = detect_engine(snap)
             counters = spec_counters(self.state.engine, d.values)
+            # the chunks of the engine's last counted step may still be on their way to us: give them a moment
+            await asyncio.sleep(self.grace_s)
             self._ledger.settle(boundary_ns, counters, reset=d.reset, slack_ns=slack_ns)
             if self._on_settle is not None:
                 self._on_settle()
