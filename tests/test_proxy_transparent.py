@@ -254,3 +254,37 @@ async def test_several_choices_are_not_steps(tmp_path: Path) -> None:
             assert "several_choices" in rec["flags"] and rec["chunks_are_steps"] is False
     finally:
         await up.server.close()
+
+
+async def test_decompression_bomb_is_relayed_but_not_inflated(tmp_path: Path) -> None:
+    bomb = gzip.compress(b"data: " + b"0" * (200 * 1024 * 1024), compresslevel=9)  # ~200 KB that inflate to 200 MB
+    headers = {"Content-Type": "text/event-stream", "Content-Encoding": "gzip"}
+    up = await start_upstream(
+        lambda req, body: Script([bomb[i : i + 65536] for i in range(0, len(bomb), 65536)], headers=headers)
+    )
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False) as px:
+            status, _, body, _ = await fetch(px.url + "/v1/chat/completions", data=b"{}")
+            assert status == 200 and body == bomb
+            await px.flush()
+            (rec,) = px.records()
+            assert "compressed_not_parsed" in rec["flags"] and rec["outcome"] == "ok"
+    finally:
+        await up.server.close()
+
+
+async def test_endless_line_stops_recording_not_relaying(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specproxy.core import timeline
+
+    monkeypatch.setattr(timeline, "EVENT_PARSE_LIMIT", 1_000_000)
+    pieces = [b'data: {"x": "'] + [b"y" * 65536] * 40 + [b'"}\n\n', b"data: [DONE]\n\n"]
+    up = await start_upstream(lambda req, body: Script(pieces))
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False) as px:
+            status, _, body, _ = await fetch(px.url + "/v1/chat/completions", data=b"{}")
+            assert status == 200 and body == b"".join(pieces)
+            await px.flush()
+            (rec,) = px.records()
+            assert "event_too_large" in rec["flags"] and rec["outcome"] == "ok"
+    finally:
+        await up.server.close()

@@ -29,13 +29,24 @@ class SSEEvent:
 class SSEDecoder:
     """Turns a byte stream into :class:`SSEEvent` values; counts comment lines (keep-alives) as it goes."""
 
-    __slots__ = ("_data", "_event", "_first_line", "_last_id", "_line", "_pending_cr", "_retry_ms", "comments")
+    __slots__ = (
+        "_data",
+        "_data_len",
+        "_event",
+        "_first_line",
+        "_last_id",
+        "_line",
+        "_pending_cr",
+        "_retry_ms",
+        "comments",
+    )
 
     def __init__(self) -> None:
         self._line = bytearray()  # an incomplete line carried over from the previous feed
         self._pending_cr = False  # the previous feed ended with CR: a leading LF now belongs to it
         self._first_line = True
         self._data: list[str] = []
+        self._data_len = 0
         self._event = ""
         self._last_id = ""
         self._retry_ms: int | None = None
@@ -71,8 +82,14 @@ class SSEDecoder:
         if self._data:
             events.append(self._make_event(terminated=False))
         self._data = []
+        self._data_len = 0
         self._event = ""
         return events
+
+    @property
+    def buffered(self) -> int:
+        """Bytes (about) held for the event being read: a caller can bound its memory with it."""
+        return len(self._line) + self._data_len
 
     @property
     def has_partial(self) -> bool:
@@ -89,6 +106,7 @@ class SSEDecoder:
             if self._data:
                 events.append(self._make_event(terminated=True))
             self._data = []
+            self._data_len = 0
             self._event = ""
             return
         if line[0] == ":":
@@ -99,6 +117,7 @@ class SSEDecoder:
             value = value[1:]
         if field == "data":
             self._data.append(value)
+            self._data_len += len(value)
         elif field == "event":
             self._event = value
         elif field == "id":

@@ -20,6 +20,8 @@ from specproxy.core.stats import decode_tok_s
 from specproxy.core.tokens import ChunkTokenCounter, Tokenizer, TokenSource
 
 NON_STREAM_PARSE_LIMIT = 32 * 1024 * 1024  # a non-streamed body larger than this is relayed but not parsed
+EVENT_PARSE_LIMIT = 64 * 1024 * 1024  # an SSE event (or line) growing past this stops the recording of the stream
+INFLATE_LIMIT = 8 * 1024 * 1024  # decompressed bytes per read: more is a decompression bomb, not a token stream
 TEXT_CAPTURE_LIMIT = 4 * 1024 * 1024
 
 
@@ -69,6 +71,7 @@ class ResponseTimeline:
         enc = (content_encoding or "").strip().lower()
         self._inflate: Any = None
         self._inflate_failed = False
+        self._too_large = False
         if enc in ("gzip", "x-gzip"):
             self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
         elif enc == "deflate":
@@ -116,9 +119,13 @@ class ResponseTimeline:
             return
         if self._inflate is not None:
             try:
-                data = self._inflate.decompress(data)
+                data = self._inflate.decompress(data, INFLATE_LIMIT)
             except zlib.error:
                 self._inflate_failed = True
+                return
+            if self._inflate.unconsumed_tail:  # expands beyond reason: stop reading (the relay goes on)
+                self._inflate_failed = True
+                self._inflate = None
                 return
         if not self.stream:
             if not self._body_over:
@@ -128,12 +135,17 @@ class ResponseTimeline:
                 else:
                     self._body += data
             return
+        if self._too_large:
+            return
         bearing = 0
         for ev in self._sse.feed(data):
             if self._on_event(t_ns, ev.data):
                 bearing += 1
         if bearing > 1:
             self.multi_event_reads += 1
+        if self._sse.buffered > EVENT_PARSE_LIMIT:  # an endless line: bound the recorder's memory
+            self._too_large = True
+            self._sse = SSEDecoder()
 
     def _on_event(self, t_ns: int, data: str) -> bool:
         self.events += 1
@@ -210,6 +222,8 @@ class ResponseTimeline:
             flags.append("several_choices")
         if self._inflate_failed:
             flags.append("compressed_not_parsed")
+        if self._too_large:
+            flags.append("event_too_large")
         ttft = (self.first_token_ns - self.start_ns) / 1e9 if self.first_token_ns is not None else None
         rate = decode_tok_s(self.chunks) if self.stream else None
         tpot = None
