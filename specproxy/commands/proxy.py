@@ -55,6 +55,14 @@ def register(app: typer.Typer) -> None:
         capture: str = typer.Option("request", "--capture", help="What to keep of bodies: none, request, full."),
         k: int | None = typer.Option(None, "--k", help="The engine's num_speculative_tokens (else learned)."),
         scrape_interval: float = typer.Option(0.25, "--scrape-interval", help="Seconds between scrapes in flight."),
+        scrape_min_gap: float = typer.Option(
+            0.1, "--scrape-min-gap", help="Floor between two scrapes, however many requests end (seconds)."
+        ),
+        attribution_hold: float = typer.Option(
+            60.0,
+            "--attribution-hold",
+            help="Longest wait of a record whose counter share rests on the per-workload model (seconds).",
+        ),
         connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to connect upstream."),
         idle_timeout: float = typer.Option(600.0, "--idle-timeout", help="Seconds without an upstream byte."),
         max_body: str = typer.Option("64MB", "--max-body", help="Largest request body accepted (413 beyond)."),
@@ -75,13 +83,16 @@ def register(app: typer.Typer) -> None:
             murl = check_url(metrics_url, "--metrics-url") if metrics_url else up + "/metrics"
         for name, value in (
             ("--scrape-interval", scrape_interval),
+            ("--scrape-min-gap", scrape_min_gap),
             ("--connect-timeout", connect_timeout),
             ("--idle-timeout", idle_timeout),
         ):
             if value <= 0:
                 raise typer.BadParameter(f"{name} must be positive, got {value}")
-        if drain_timeout < 0 or max_connections < 0 or rotate_mb < 0:
-            raise typer.BadParameter("--drain-timeout, --max-connections and --rotate-mb cannot be negative")
+        if drain_timeout < 0 or max_connections < 0 or rotate_mb < 0 or attribution_hold < 0:
+            raise typer.BadParameter(
+                "--drain-timeout, --max-connections, --rotate-mb and --attribution-hold cannot be negative"
+            )
         if k is not None and k < 1:
             raise typer.BadParameter(f"--k must be at least 1, got {k}")
         if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -114,6 +125,8 @@ def register(app: typer.Typer) -> None:
                 capture=capture,
                 k=k,
                 scrape_interval_s=scrape_interval,
+                scrape_min_gap_s=scrape_min_gap,
+                calibration_hold_s=attribution_hold,
                 rotate_bytes=rotate_mb * 1024 * 1024,
             ),
             rules=parsed_rules,
