@@ -41,18 +41,24 @@ def _label(v: float) -> str:
 
 
 def _frame(name: str, title: str, body: list[str], legend: Sequence[str]) -> str:
+    # the legend goes under the chart, wrapped into as many rows as its entries need
     items = []
-    x = LEFT
+    x, row = LEFT, 0
     for i, text in enumerate(legend):
+        width = 24 + 7 * len(text)
+        if x > LEFT and x + width > WIDTH - RIGHT:
+            x, row = LEFT, row + 1
+        y = HEIGHT + 4 + 16 * row
         color = PALETTE[i % len(PALETTE)]
         items.append(
-            f'<rect x="{x}" y="{TOP - 22}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{x + 14}" y="{TOP - 13}" font-size="11">{escape(text)}</text>'
+            f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{x + 14}" y="{y + 9}" font-size="11">{escape(text)}</text>'
         )
-        x += 24 + 7 * len(text)
+        x += width
+    height = HEIGHT + (16 * (row + 1) + 8 if legend else 0)
     return (
-        f'<svg data-chart="{escape(name)}" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">'
+        f'<svg data-chart="{escape(name)}" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="{escape(title)}">'
         f"<title>{escape(title)}</title>"
         f'<text x="{LEFT}" y="14" font-size="13" font-weight="bold">{escape(title)}</text>'
         + "".join(items)
