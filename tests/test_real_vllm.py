@@ -23,6 +23,17 @@ PROMPTS = [
 ]
 
 
+def _body(model: str, prompt: str, max_tokens: int) -> dict[str, object]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+
+
 async def _model(s: aiohttp.ClientSession) -> str:
     async with s.get(f"{VLLM}/v1/models") as r:
         return str((await r.json())["data"][0]["id"])
@@ -34,14 +45,7 @@ async def test_counters_alone_equal_the_servers_per_request_figures(tmp_path: Pa
     async with proxy_process(VLLM, record) as (url, _), aiohttp.ClientSession() as s:
         model = await _model(s)
         for workload, prompt in PROMPTS * 2:
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": 64,
-                "temperature": 0,
-                "stream": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            }
+            body = _body(model, prompt, 64)
             async with s.post(url + "/v1/chat/completions", json=body, headers={"X-Specproxy-Workload": workload}) as r:
                 assert r.status == 200
                 await r.read()
@@ -70,14 +74,7 @@ async def test_overlapping_requests_per_workload_close_to_the_servers_figures(tm
         async def worker() -> None:
             while queue:
                 workload, prompt = queue.pop()
-                body = {
-                    "model": model,
-                    "messages": [{"role": "user", "content": prompt}],
-                    "max_tokens": 160,
-                    "temperature": 0,
-                    "stream": True,
-                    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                }
+                body = _body(model, prompt, 160)
                 headers = {"X-Specproxy-Workload": workload}
                 async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
                     assert r.status == 200

@@ -115,15 +115,3 @@ def tokens_per_step_histogram(tokens_per_chunk: Sequence[int]) -> dict[str, int]
         if n > 0:
             hist[str(n)] = hist.get(str(n), 0) + 1
     return hist
-
-
-def reconciliation(attributed: Iterable[SpecEstimate], ledger: Any) -> dict[str, Any]:
-    """How far the chosen per-request figures are from the counter totals over the same time."""
-    acc = sum(e.accepted for e in attributed)
-    total = ledger.total.accepted
-    return {
-        "attributed_accepted": _num(acc),
-        "counter_accepted": _num(total),
-        "unattributed_accepted": _num(ledger.unattributed.accepted),
-        "gap": (acc - total) / total if total else None,
-    }

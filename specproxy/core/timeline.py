@@ -33,7 +33,6 @@ class TimelineResult:
     ttft_s: float | None
     decode_tok_s: float | None
     tpot_s: float | None
-    first_token_s: float | None
     last_token_s: float | None
     completion_tokens: int | None
     prompt_tokens: int | None
@@ -48,7 +47,6 @@ class TimelineResult:
     multi_event_reads: int
     keepalives: int
     non_json_events: int
-    partial_event: bool  # the stream ended inside an event
     response_text: str | None
     flags: list[str] = field(default_factory=list)
 
@@ -197,10 +195,8 @@ class ResponseTimeline:
 
     # -- result ------------------------------------------------------------------------------------------------------
     def result(self, end_ns: int) -> TimelineResult:
-        partial = False
         if self.stream:
-            for ev in self._sse.flush():
-                partial = True
+            for ev in self._sse.flush():  # an event cut off by the end of the stream: what arrived still counts
                 self._on_event(end_ns, ev.data)
         elif self._body and not self._body_over:
             self._parse_body(end_ns)
@@ -237,7 +233,6 @@ class ResponseTimeline:
             ttft_s=ttft,
             decode_tok_s=rate,
             tpot_s=tpot,
-            first_token_s=ttft,
             last_token_s=(self.last_token_ns - self.start_ns) / 1e9 if self.last_token_ns is not None else None,
             completion_tokens=completion,
             prompt_tokens=prompt_tokens,
@@ -252,7 +247,6 @@ class ResponseTimeline:
             multi_event_reads=self.multi_event_reads,
             keepalives=self._sse.comments,
             non_json_events=self.non_json,
-            partial_event=partial,
             response_text="".join(self._text) if self._keep_text else None,
             flags=flags,
         )

@@ -58,7 +58,6 @@ class Scraper:
         min_gap_s: float = 0.1,
         grace_s: float = 0.02,
         on_error: Callable[[], None] | None = None,
-        in_flight: Callable[[], int] | None = None,
         on_settle: Callable[[], None] | None = None,
     ) -> None:
         self._session = session
@@ -70,7 +69,7 @@ class Scraper:
         self.grace_s = grace_s
         self._last_start = 0.0
         self._on_error = on_error
-        self._in_flight = in_flight or ledger.in_flight
+        self._in_flight = ledger.in_flight
         self._on_settle = on_settle
         self._last: Snapshot | None = None
         self._waiters: list[asyncio.Future[bool]] = []

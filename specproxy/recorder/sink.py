@@ -40,7 +40,6 @@ class RecordSink:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._fh: object | None = None
         self.written = 0
         self.dropped = 0
         self.errors = 0
