@@ -34,7 +34,7 @@ class RunningProxy:
 
         rec = self.recorder
         for _ in range(500):
-            if rec.in_flight == 0 and not rec._finalizers and not rec.sink._queue:
+            if rec.idle:
                 return
             await asyncio.sleep(0.01)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from specproxy.attribution.counts import SpecCounts
 from specproxy.loadgen.plan import (
     STREAM_OPTIONS,
     BodyOptions,
@@ -168,7 +169,7 @@ def test_progress_line_shows_rates_and_acceptance_per_workload() -> None:
     a.finished("ja", True, 40)
     a.finished("code", False, 0)
     b.finished("ja", True, 60)
-    snap = merge([a.snapshot({"ja": {"accepted": 3.0, "draft_tokens": 6.0}}), b.snapshot()])
+    snap = merge([a.snapshot({"ja": SpecCounts(accepted=3.0, draft_tokens=6.0)}), b.snapshot()])
     line = render(snap, 2.0, total=10, duration_s=None)
     assert line.startswith("3/10 1.5 req/s 50 tok/s 1 err")
     assert "ja 2 50 tok/s acc 0.50" in line and "code 1 0 tok/s" in line and "code 1 0 tok/s acc" not in line

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
+from specproxy.attribution.counts import SpecCounts
+
 Snapshot = dict[str, dict[str, float]]  # workload -> {"done", "ok", "errors", "tokens", "accepted", "draft_tokens"}
 _FIELDS = ("done", "ok", "errors", "tokens", "accepted", "draft_tokens")
 
@@ -27,14 +29,14 @@ class Progress:
         c["ok" if ok else "errors"] += 1
         c["tokens"] += tokens
 
-    def snapshot(self, spec: Mapping[str, Mapping[str, float]] | None = None) -> Snapshot:
+    def snapshot(self, spec: Mapping[str, SpecCounts] | None = None) -> Snapshot:
         """The counters, with accepted / draft tokens taken from ``spec`` (the recorder's ``workload_spec``)."""
         out: Snapshot = {}
         for w, c in self._counts.items():
             s = dict(c)
-            acc = spec.get(w, {}) if spec else {}
-            s["accepted"] = float(acc.get("accepted", 0.0))
-            s["draft_tokens"] = float(acc.get("draft_tokens", 0.0))
+            acc = spec.get(w, SpecCounts()) if spec else SpecCounts()
+            s["accepted"] = float(acc.accepted)
+            s["draft_tokens"] = float(acc.draft_tokens)
             out[w] = s
         return out
 

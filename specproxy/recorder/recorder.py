@@ -13,20 +13,15 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from specproxy.core.attribution import (
-    SpecEstimate,
-    from_chunks,
-    from_llama_timings,
-    from_server,
-    tokens_per_step_histogram,
-)
-from specproxy.core.ledger import CounterLedger
+from specproxy.attribution.choice import Evidence, decide
+from specproxy.attribution.counts import SpecCounts
+from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.core.record import SCHEMA_VERSION, Record, redact
 from specproxy.core.stats import step_and_token_gaps
 from specproxy.core.timeline import ResponseTimeline, TimelineResult
@@ -74,11 +69,13 @@ class RequestMeta:
 
 
 class Trace:
-    """One request's side of the recorder."""
+    """One request's side of the recorder: its timeline, and its chunks reported to the counter ledger."""
 
     __slots__ = (
-        "_decode_steps_seen",
-        "_recorder",
+        "_keep_text",
+        "_ledger",
+        "_token_chunks",
+        "_tokenizer",
         "headers_ns",
         "meta",
         "overhead_count",
@@ -88,16 +85,25 @@ class Trace:
         "timeline",
     )
 
-    def __init__(self, recorder: Recorder, meta: RequestMeta) -> None:
-        self._recorder = recorder
+    def __init__(
+        self, meta: RequestMeta, *, tokenizer: Tokenizer | None, keep_text: bool, ledger: CounterLedger | None
+    ) -> None:
         self.meta = meta
+        self._tokenizer = tokenizer
+        self._keep_text = keep_text
+        self._ledger = ledger  # None when the engine's counters are not scraped
         self.status: int | None = None
         self.headers_ns: int | None = None
         self.timeline: ResponseTimeline | None = None
-        self._decode_steps_seen = 0
+        self._token_chunks = 0
         self.overhead_ns = 0
         self.overhead_max_ns = 0
         self.overhead_count = 0
+
+    @property
+    def token_chunks(self) -> int:
+        """Token-bearing chunks seen so far: the first is the prefill step, the rest decode steps."""
+        return self._token_chunks
 
     def response_started(self, status: int, content_type: str | None, content_encoding: str | None = None) -> None:
         self.status = status
@@ -106,8 +112,8 @@ class Trace:
         self.timeline = ResponseTimeline(
             self.meta.start_ns,
             stream=stream,
-            tokenizer=self._recorder.tokenizer,
-            keep_text=self._recorder.config.capture == "full",
+            tokenizer=self._tokenizer,
+            keep_text=self._keep_text,
             content_encoding=content_encoding,
         )
 
@@ -118,16 +124,17 @@ class Trace:
         before = len(tl.chunks)
         tl.feed(t_ns, data)
         chunks = tl.chunks
-        if len(chunks) != before and self._recorder.scraper.enabled:
-            ledger = self._recorder.ledger
-            rid = self.meta.request_id
-            exact = tl.exact_counts
-            for _, n in chunks[before:]:
-                if n <= 0:
-                    continue
-                self._decode_steps_seen += 1
+        if len(chunks) == before:
+            return
+        ledger = self._ledger
+        exact = tl.exact_counts
+        for _, n in chunks[before:]:
+            if n <= 0:
+                continue
+            self._token_chunks += 1
+            if ledger is not None:
                 # the first token-bearing chunk is the prefill step: tokens, but no speculative step
-                ledger.tokens(rid, n, t_ns, exact=exact, decode=self._decode_steps_seen > 1)
+                ledger.record_chunk(self.meta.request_id, n, t_ns, exact=exact, decode=self._token_chunks > 1)
 
     def add_overhead(self, ns: int) -> None:
         self.overhead_ns += ns
@@ -165,7 +172,7 @@ class Recorder:
         self._calibrated = asyncio.Event()
         self._finalizers: set[asyncio.Task[None]] = set()
         self.in_flight = 0
-        self.workload_spec: dict[str, dict[str, float]] = {}
+        self.workload_spec: dict[str, SpecCounts] = {}
         self.workload_requests: dict[str, dict[str, int]] = {}
 
     async def start(self) -> None:
@@ -177,7 +184,17 @@ class Recorder:
         self.metrics.in_flight.inc()
         self.ledger.begin(meta.request_id, meta.workload)
         self.scraper.kick()
-        return Trace(self, meta)
+        return Trace(
+            meta,
+            tokenizer=self.tokenizer,
+            keep_text=self.config.capture == "full",
+            ledger=self.ledger if self.scraper.enabled else None,
+        )
+
+    @property
+    def idle(self) -> bool:
+        """No request in flight, no record waiting for its closing scrape, nothing queued for writing."""
+        return self.in_flight == 0 and not self._finalizers and self.sink.queued == 0
 
     def finish(self, trace: Trace, outcome: str, error: str | None = None) -> None:
         """Never raises and never blocks: the record is completed in a task after the closing scrape."""
@@ -193,7 +210,7 @@ class Recorder:
     async def _finalize(self, trace: Trace, outcome: str, error: str | None, end_ns: int) -> None:
         rid = trace.meta.request_id
         try:
-            if self.scraper.enabled and trace._decode_steps_seen > 1:
+            if self.scraper.enabled and trace.token_chunks > 1:
                 # wait for the scrapes that cover every chunk of this request (a delta whose chunks were still
                 # on their way is settled by the next scrape)
                 deadline = time.monotonic() + self.config.finalize_wait_s
@@ -218,64 +235,32 @@ class Recorder:
         except Exception:
             log.exception("updating metrics for %s failed", rid)
 
-    def build_record(self, trace: Trace, outcome: str, error: str | None, end_ns: int, counters: Any) -> Record:
+    def build_record(
+        self, trace: Trace, outcome: str, error: str | None, end_ns: int, counters: CounterAttribution | None
+    ) -> Record:
         meta = trace.meta
         tl: TimelineResult | None = trace.timeline.result(end_ns) if trace.timeline is not None else None
-        flags: list[str] = list(tl.flags) if tl else []
         if outcome == "ok" and tl is not None and tl.error is not None:
             outcome, error = "upstream_error", error or _one_line(tl.error)
         rec: Record = self._minimal_record(trace, outcome, error)
         rec["e2e_s"] = (end_ns - meta.start_ns) / 1e9
         if tl is None:
             return rec
-        tokens = [n for _, n in tl.chunks if n > 0]
-        k = float(self.config.k) if self.config.k else self.scraper.learned_k()
-        chunks_are_steps = (
-            tl.stream and bool(tokens) and tl.token_source in EXACT_SOURCES and "several_choices" not in flags
-        )
-        if chunks_are_steps and k is not None and tokens and max(tokens) > round(k) + 1:
-            flags.append("stream_interval_suspected")  # more tokens in one chunk than one step can bring
-            chunks_are_steps = False
-        server = from_server(tl.server_spec) if tl.server_spec else None
-        if server is None and tl.llama_timings:
-            server = from_llama_timings(tl.llama_timings)
-        chunk_est = from_chunks(tokens, k) if tl.stream and tokens else None
-        counter_est: SpecEstimate | None = counters.estimate if counters is not None else None
-        if counters is not None:
-            if counters.reset:
-                flags.append("counter_reset")
-            # alone on the engine the counters are exact: chunks merged steps if they show fewer steps than drafts
-            if (
-                counter_est is not None
-                and not counters.overlapped
-                and counter_est.exact
-                and chunk_est is not None
-                and chunks_are_steps
-                and counter_est.drafts > 1.05 * chunk_est.drafts + 1
-            ):
-                flags.append("chunks_fewer_than_steps")
-                chunks_are_steps = False
-        elif self.scraper.enabled and self.scraper.state.errors and tl.stream:
-            flags.append("metrics_unavailable")
-        alone = counters is not None and not counters.overlapped and counters.estimate.exact
-        partial_drafting = (
-            (k is not None and abs(k - round(k)) > 0.05)  # ngram proposes fewer than k tokens at times
-            or self.ledger.partial_drafting  # and drafts on some steps only
-            or (
-                alone
-                and chunk_est is not None
-                and counter_est is not None
-                and counter_est.drafts < 0.95 * chunk_est.drafts - 1
+        choice = decide(
+            Evidence(
+                stream=tl.stream,
+                tokens=[n for _, n in tl.chunks if n > 0],
+                exact_counts=tl.token_source in EXACT_SOURCES,
+                several_choices="several_choices" in tl.flags,
+                k=float(self.config.k) if self.config.k else self.scraper.learned_k(),
+                server_spec=tl.server_spec,
+                llama_timings=tl.llama_timings,
+                counters=counters,
+                metrics_failing=self.scraper.enabled and self.scraper.state.errors > 0,
+                engine_drafts_partially=self.ledger.partial_drafting,
             )
         )
-        if chunk_est is not None and partial_drafting:
-            chunk_est = replace(chunk_est, exact=False)
-            flags.append("partial_drafting")
-        if chunk_est is not None and not chunks_are_steps:
-            chunk_est = replace(chunk_est, exact=False)
-        source, chosen = _choose(server, chunk_est, counter_est)
-        if chosen is not None and chosen.draft_tokens and chosen.accepted == 0:
-            flags.append("spec_zero_acceptance")
+        flags = [*tl.flags, *choice.flags]
         rec.update(
             upstream_id=tl.upstream_id,
             stream=tl.stream,
@@ -293,7 +278,7 @@ class Recorder:
             reads=tl.reads,
             multi_event_reads=tl.multi_event_reads,
             keepalives=tl.keepalives,
-            chunks_are_steps=chunks_are_steps,
+            chunks_are_steps=choice.chunks_are_steps,
             flags=flags,
             proxy_overhead_s=(
                 {
@@ -304,7 +289,7 @@ class Recorder:
                 if trace.overhead_count
                 else None
             ),
-            spec=_spec_block(source, chosen, server, chunk_est, counter_est, tokens, k),
+            spec=choice.spec_block(),
         )
         if tl.stream and outcome == "ok" and not tl.done:
             rec["flags"].append("no_done_marker")
@@ -379,32 +364,29 @@ class Recorder:
             m.overhead.observe(po["mean"])
         spec = rec.get("spec")
         if spec and spec.get("source"):
-            acc = self.workload_spec.setdefault(w, {"accepted": 0.0, "drafts": 0.0, "draft_tokens": 0.0})
-            for key, counter in (
-                ("accepted", m.spec_accepted),
-                ("drafts", m.spec_drafts),
-                ("draft_tokens", m.spec_draft_tokens),
+            got = SpecCounts(spec.get("accepted") or 0.0, spec.get("drafts") or 0.0, spec.get("draft_tokens") or 0.0)
+            for v, counter in (
+                (got.accepted, m.spec_accepted),
+                (got.drafts, m.spec_drafts),
+                (got.draft_tokens, m.spec_draft_tokens),
             ):
-                v = spec.get(key)
                 if v:
                     counter.labels(w).inc(v)
-                    acc[key] += v
-            zero = acc["draft_tokens"] >= ZERO_ACCEPTANCE_MIN_DRAFT_TOKENS and acc["accepted"] == 0
-            m.spec_zero_acceptance.labels(w).set(1 if zero else 0)
+            acc = self.workload_spec[w] = self.workload_spec.get(w, SpecCounts()) + got
+            m.spec_zero_acceptance.labels(w).set(1 if _zero_acceptance(acc) else 0)
 
     def status(self) -> dict[str, Any]:
         workloads: dict[str, Any] = {}
         for w in sorted(set(self.workload_requests) | set(self.workload_spec)):
-            acc = self.workload_spec.get(w, {})
-            dt, dr, ac = acc.get("draft_tokens", 0.0), acc.get("drafts", 0.0), acc.get("accepted", 0.0)
+            acc = self.workload_spec.get(w, SpecCounts())
             workloads[w] = {
                 "requests": self.workload_requests.get(w, {}),
-                "accepted": ac,
-                "drafts": dr,
-                "draft_tokens": dt,
-                "acceptance_rate": ac / dt if dt else None,
-                "mean_acceptance_length": 1 + ac / dr if dr else None,
-                "zero_acceptance": dt >= ZERO_ACCEPTANCE_MIN_DRAFT_TOKENS and ac == 0,
+                "accepted": acc.accepted,
+                "drafts": acc.drafts,
+                "draft_tokens": acc.draft_tokens,
+                "acceptance_rate": acc.acceptance_rate,
+                "mean_acceptance_length": acc.mean_acceptance_length,
+                "zero_acceptance": _zero_acceptance(acc),
             }
         sc = self.scraper.state
         cum = sc.cumulative
@@ -440,50 +422,9 @@ class Recorder:
         await self.sink.close()
 
 
-def _choose(
-    server: SpecEstimate | None, chunks: SpecEstimate | None, counters: SpecEstimate | None
-) -> tuple[str | None, SpecEstimate | None]:
-    if server is not None and server.drafts:
-        return "server", server
-    if chunks is not None and chunks.draft_tokens is not None and chunks.exact:
-        return "chunks", chunks
-    if counters is not None and counters.drafts:
-        return "counters", counters
-    if chunks is not None and chunks.draft_tokens is not None:
-        return "chunks", chunks
-    if server is not None:
-        return "server", server
-    return None, None
-
-
-def _spec_block(
-    source: str | None,
-    chosen: SpecEstimate | None,
-    server: SpecEstimate | None,
-    chunks: SpecEstimate | None,
-    counters: SpecEstimate | None,
-    tokens: list[int],
-    k: float | None,
-) -> dict[str, Any] | None:
-    if chosen is None and server is None and chunks is None and counters is None:
-        return None
-    base = chosen.as_dict() if chosen is not None else {}
-    return {
-        "source": source,
-        "accepted": base.get("accepted"),
-        "drafts": base.get("drafts"),
-        "draft_tokens": base.get("draft_tokens"),
-        "k": base.get("k") if base.get("k") is not None else k,
-        "acceptance_rate": base.get("acceptance_rate"),
-        "mean_acceptance_length": base.get("mean_acceptance_length"),
-        "per_position": base.get("per_position", []),
-        "tokens_per_step": tokens_per_step_histogram(tokens),
-        "estimates": {
-            "server": server.as_dict() if server else None,
-            "chunks": chunks.as_dict() if chunks else None,
-            "counters": counters.as_dict() if counters else None,
-        },
-    }
+def _zero_acceptance(c: SpecCounts) -> bool:
+    """Drafts produced and every one rejected: speculation is broken (a bad quantisation, a mismatched drafter)."""
+    return c.draft_tokens >= ZERO_ACCEPTANCE_MIN_DRAFT_TOKENS and c.accepted == 0
 
 
 def _one_line(err: Any) -> str:

@@ -4,7 +4,8 @@ One scrape is in flight at a time, at least ``min_gap_s`` (100 ms) apart. Asking
 returns a future for the first scrape that *starts* after the ask, so requests that end close together share one.
 While requests are in flight a periodic scrape (default every 250 ms) keeps the intervals short. Scrape load is
 bounded (at most 10 a second) whatever the request rate: it matters, since the engine's API server renders its whole
-/metrics text for each. Each scrape's delta settles the chunks that the engine counted in it (see core/ledger.py).
+/metrics text for each. Each scrape's delta settles the chunks that the engine counted in it (see
+specproxy/attribution/ledger.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from specproxy.core.ledger import CounterLedger
+from specproxy.attribution.counts import SpecCounts
+from specproxy.attribution.ledger import CounterLedger, counts_of
 from specproxy.core.prom import (
     RECORDER_FAMILIES,
     MetricsParseError,
@@ -78,8 +80,7 @@ class Scraper:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.state = ScrapeState()
-        self._acc = {"accepted": 0.0, "drafts": 0.0, "draft_tokens": 0.0}
-        self._per_pos: list[float] = []
+        self._spec = SpecCounts()
         self._gen_tokens = 0.0
         self._read_bytes = 0.0
 
@@ -179,21 +180,15 @@ class Scraper:
         return True
 
     def _accumulate(self, c: SpecCounters) -> None:
-        self._acc["accepted"] += c.accepted or 0.0
-        self._acc["drafts"] += c.drafts or 0.0
-        self._acc["draft_tokens"] += c.draft_tokens or 0.0
+        self._spec = self._spec + counts_of(c)
         self._gen_tokens += c.generation_tokens or 0.0
         self._read_bytes += c.read_bytes or 0.0
-        if len(self._per_pos) < len(c.per_position):
-            self._per_pos.extend([0.0] * (len(c.per_position) - len(self._per_pos)))
-        for i, v in enumerate(c.per_position):
-            self._per_pos[i] += v
         self.state.cumulative = SpecCounters(
             engine=self.state.engine,
-            drafts=self._acc["drafts"],
-            draft_tokens=self._acc["draft_tokens"],
-            accepted=self._acc["accepted"],
-            per_position=tuple(self._per_pos),
+            drafts=self._spec.drafts,
+            draft_tokens=self._spec.draft_tokens,
+            accepted=self._spec.accepted,
+            per_position=self._spec.per_position,
             generation_tokens=self._gen_tokens,
             read_bytes=self._read_bytes,
         )

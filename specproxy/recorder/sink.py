@@ -49,6 +49,11 @@ class RecordSink:
         self._on_dropped = on_dropped
         self._on_error = on_error
 
+    @property
+    def queued(self) -> int:
+        """Records waiting to be written."""
+        return len(self._queue)
+
     async def start(self) -> None:
         if self.path is not None:
             await asyncio.to_thread(self._open_check)

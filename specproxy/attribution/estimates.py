@@ -1,61 +1,65 @@
-"""Speculative acceptance per request, from every source available, each kept.
+"""A request's speculative acceptance from each per-request source, and the value type every source yields.
 
 - **server**: vLLM's per-request ``metrics.speculative_decoding`` (exact), or llama.cpp's ``timings``.
 - **chunks**: one SSE chunk is one engine step carrying 1 + accepted tokens, so accepted = sum over the chunks after
   the first (the prefill token) of (tokens - 1), and decode steps = those chunks. Exact while chunks are steps and
   token counts are exact (measured on real vLLM: equal to the counter delta for every request that stopped by itself).
-- **counters**: the engine's ``/metrics`` deltas, shared among the requests active in each scrape interval
-  (:class:`specproxy.core.ledger.CounterLedger`). Exact when requests do not overlap.
+- **counters**: the engine's ``/metrics`` deltas shared among overlapping requests, in
+  :mod:`specproxy.attribution.ledger`; it yields the same :class:`SpecEstimate`.
 
-vLLM's definitions (vllm/v1/spec_decode/metrics.py): acceptance rate = accepted / draft tokens; mean acceptance length
-= 1 + accepted / drafts; per-position rate = accepted_per_pos[i] / drafts.
+Pure: numbers and parsed JSON in, estimates out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from specproxy.attribution.counts import SpecCounts
 
 
 @dataclass(frozen=True, slots=True)
 class SpecEstimate:
-    accepted: float
-    drafts: float
-    draft_tokens: float | None
-    per_position: tuple[float, ...] = ()
+    counts: SpecCounts
     k: float | None = None
     exact: bool = True
+    draft_tokens_known: bool = True  # chunks without a known k show drafts but not how many tokens each proposed
+
+    @property
+    def draft_tokens(self) -> float | None:
+        return self.counts.draft_tokens if self.draft_tokens_known else None
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens else None
+        return self.counts.acceptance_rate if self.draft_tokens_known else None
 
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return 1.0 + self.accepted / self.drafts if self.drafts else None
+    def approximate(self) -> SpecEstimate:
+        return self if not self.exact else replace(self, exact=False)
 
     def as_dict(self) -> dict[str, Any]:
+        c = self.counts
         return {
-            "accepted": _num(self.accepted),
-            "drafts": _num(self.drafts),
+            "accepted": _num(c.accepted),
+            "drafts": _num(c.drafts),
             "draft_tokens": _num(self.draft_tokens),
-            "per_position": [_num(v) for v in self.per_position],
+            "per_position": [_num(v) for v in c.per_position],
             "k": _num(self.k),
             "exact": self.exact,
             "acceptance_rate": self.acceptance_rate,
-            "mean_acceptance_length": self.mean_acceptance_length,
+            "mean_acceptance_length": c.mean_acceptance_length,
         }
 
 
 def _num(v: float | None) -> float | int | None:
+    """Whole numbers as JSON integers, shares rounded to 4 decimals."""
     if v is None:
         return None
     r = round(v)
     return int(r) if abs(v - r) < 1e-9 else round(v, 4)
 
 
-def _per_position_from_steps(accepted_per_step: Iterable[int], k: int) -> tuple[float, ...]:
+def per_position_from_steps(accepted_per_step: Iterable[int], k: int) -> tuple[float, ...]:
     """A step that accepted a tokens accepted positions 0..a-1 (a position counts only if the previous did)."""
     pos = [0.0] * k
     for a in accepted_per_step:
@@ -78,11 +82,11 @@ def from_server(spec: Mapping[str, Any]) -> SpecEstimate | None:
     steps = spec.get("per_step_accepted")
     hist = spec.get("acceptance_histogram")
     if isinstance(steps, list) and k:
-        per_pos = _per_position_from_steps((int(a) for a in steps), k)
+        per_pos = per_position_from_steps((int(a) for a in steps), k)
     elif isinstance(hist, list) and len(hist) > 1:
         # histogram[i] = steps that accepted exactly i drafts; position i was accepted by steps with more than i
         per_pos = tuple(float(sum(hist[i + 1 :])) for i in range(len(hist) - 1))
-    return SpecEstimate(accepted, drafts, draft_tokens, per_pos, float(k) if k else None)
+    return SpecEstimate(SpecCounts(accepted, drafts, draft_tokens, per_pos), float(k) if k else None)
 
 
 def from_llama_timings(timings: Mapping[str, Any]) -> SpecEstimate | None:
@@ -90,26 +94,27 @@ def from_llama_timings(timings: Mapping[str, Any]) -> SpecEstimate | None:
     n, acc = timings.get("draft_n"), timings.get("draft_n_accepted")
     if not isinstance(n, int | float) or not isinstance(acc, int | float) or n <= 0:
         return None
-    return SpecEstimate(float(acc), 0.0, float(n))
+    return SpecEstimate(SpecCounts(float(acc), 0.0, float(n)))
 
 
 def from_chunks(tokens_per_chunk: Sequence[int], k: float | None) -> SpecEstimate | None:
     """Chunks are steps: ``tokens_per_chunk`` lists token-bearing chunks in order, the first being prefill."""
-    decode = [n for n in tokens_per_chunk[1:] if n > 0]
     if not tokens_per_chunk:
         return None
+    decode = [n for n in tokens_per_chunk[1:] if n > 0]
     accepted_per_step = [n - 1 for n in decode]
     kk = round(k) if k else (max(accepted_per_step) if accepted_per_step else 0)
-    return SpecEstimate(
+    counts = SpecCounts(
         accepted=float(sum(accepted_per_step)),
         drafts=float(len(decode)),
-        draft_tokens=float(k * len(decode)) if k else None,
-        per_position=_per_position_from_steps(accepted_per_step, kk) if kk else (),
-        k=k,
+        draft_tokens=float(k * len(decode)) if k else 0.0,
+        per_position=per_position_from_steps(accepted_per_step, kk) if kk else (),
     )
+    return SpecEstimate(counts, k=k, draft_tokens_known=bool(k))
 
 
 def tokens_per_step_histogram(tokens_per_chunk: Sequence[int]) -> dict[str, int]:
+    """How many decode steps brought n tokens, keyed by n as a string (the record's JSON form)."""
     hist: dict[str, int] = {}
     for n in tokens_per_chunk[1:]:
         if n > 0:

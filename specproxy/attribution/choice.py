@@ -1,0 +1,158 @@
+"""Which estimate a record reports, and the flags that say how far to trust it.
+
+Every request can have up to three estimates (:mod:`specproxy.attribution.estimates`, and the counters' share from
+:mod:`specproxy.attribution.ledger`). They are all kept in the record; one is *chosen* as its figure:
+
+1. the server's own per-request figure, when it reports drafts;
+2. the chunks, when they are exact (chunks are steps, counts exact, every step drafts);
+3. the counters' share;
+4. inexact chunks, then whatever the server said.
+
+The checks that decide "chunks are steps" and "every step drafts" compare the sources with each other, so they live
+here too. Pure: evidence in, a choice out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specproxy.attribution.estimates import (
+    SpecEstimate,
+    from_chunks,
+    from_llama_timings,
+    from_server,
+    tokens_per_step_histogram,
+)
+from specproxy.attribution.ledger import PARTIAL_DRAFTING_BELOW, CounterAttribution
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What one request showed, and what the recorder knows of the engine, as the choice needs it."""
+
+    stream: bool
+    tokens: Sequence[int]  # tokens of each token-bearing chunk, in order (the first is the prefill step)
+    exact_counts: bool  # the counts came from the server (usage or token ids), not from text
+    several_choices: bool  # n > 1: chunks of several sequences interleave
+    k: float | None  # num_speculative_tokens, configured or learned from the counters
+    server_spec: Mapping[str, Any] | None = None  # vLLM's per-request speculative_decoding block
+    llama_timings: Mapping[str, Any] | None = None
+    counters: CounterAttribution | None = None
+    metrics_failing: bool = False  # the engine's /metrics is configured but its scrapes fail
+    engine_drafts_partially: bool = False  # the ledger saw fewer drafts than decode steps over all traffic
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    source: str | None  # "server", "chunks", "counters", or None when nothing speaks of speculation
+    chosen: SpecEstimate | None
+    server: SpecEstimate | None
+    chunks: SpecEstimate | None
+    counters: SpecEstimate | None
+    chunks_are_steps: bool
+    flags: tuple[str, ...]
+    tokens_per_step: dict[str, int]
+    k: float | None
+
+    def spec_block(self) -> dict[str, Any] | None:
+        """The record's ``spec`` object (docs/records.md)."""
+        if self.chosen is None and self.server is None and self.chunks is None and self.counters is None:
+            return None
+        base = self.chosen.as_dict() if self.chosen is not None else {}
+        return {
+            "source": self.source,
+            "accepted": base.get("accepted"),
+            "drafts": base.get("drafts"),
+            "draft_tokens": base.get("draft_tokens"),
+            "k": base.get("k") if base.get("k") is not None else self.k,
+            "acceptance_rate": base.get("acceptance_rate"),
+            "mean_acceptance_length": base.get("mean_acceptance_length"),
+            "per_position": base.get("per_position", []),
+            "tokens_per_step": self.tokens_per_step,
+            "estimates": {
+                "server": self.server.as_dict() if self.server else None,
+                "chunks": self.chunks.as_dict() if self.chunks else None,
+                "counters": self.counters.as_dict() if self.counters else None,
+            },
+        }
+
+
+def decide(ev: Evidence) -> Choice:
+    flags: list[str] = []
+    tokens = ev.tokens
+    k = ev.k
+    chunks_are_steps = ev.stream and bool(tokens) and ev.exact_counts and not ev.several_choices
+    if chunks_are_steps and k is not None and max(tokens) > round(k) + 1:
+        flags.append("stream_interval_suspected")  # more tokens in one chunk than one step can bring
+        chunks_are_steps = False
+    server = from_server(ev.server_spec) if ev.server_spec else None
+    if server is None and ev.llama_timings:
+        server = from_llama_timings(ev.llama_timings)
+    chunks = from_chunks(tokens, k) if ev.stream and tokens else None
+    counters: SpecEstimate | None = None
+    alone_drafts: float | None = None  # the counters' drafts, when the request had the engine to itself
+    if ev.counters is not None:
+        counters = ev.counters.estimate
+        if ev.counters.reset:
+            flags.append("counter_reset")
+        if not ev.counters.overlapped and counters.exact:
+            alone_drafts = counters.counts.drafts
+    elif ev.metrics_failing and ev.stream:
+        flags.append("metrics_unavailable")
+    chunk_drafts = chunks.counts.drafts if chunks is not None else None
+    # alone on the engine the counters are exact: chunks merged steps if they show fewer steps than drafts
+    if (
+        chunks_are_steps
+        and alone_drafts is not None
+        and chunk_drafts is not None
+        and alone_drafts > 1.05 * chunk_drafts + 1
+    ):
+        flags.append("chunks_fewer_than_steps")
+        chunks_are_steps = False
+    partial_drafting = (
+        (k is not None and abs(k - round(k)) > 0.05)  # ngram proposes fewer than k tokens at times
+        or ev.engine_drafts_partially  # and drafts on some steps only
+        or (  # alone, the counters drafted on fewer steps than the chunks show
+            alone_drafts is not None
+            and chunk_drafts is not None
+            and alone_drafts < PARTIAL_DRAFTING_BELOW * chunk_drafts - 1
+        )
+    )
+    if chunks is not None and partial_drafting:
+        chunks = chunks.approximate()
+        flags.append("partial_drafting")
+    if chunks is not None and not chunks_are_steps:
+        chunks = chunks.approximate()
+    source, chosen = choose(server, chunks, counters)
+    if chosen is not None and chosen.draft_tokens and chosen.counts.accepted == 0:
+        flags.append("spec_zero_acceptance")
+    return Choice(
+        source=source,
+        chosen=chosen,
+        server=server,
+        chunks=chunks,
+        counters=counters,
+        chunks_are_steps=chunks_are_steps,
+        flags=tuple(flags),
+        tokens_per_step=tokens_per_step_histogram(tokens),
+        k=k,
+    )
+
+
+def choose(
+    server: SpecEstimate | None, chunks: SpecEstimate | None, counters: SpecEstimate | None
+) -> tuple[str | None, SpecEstimate | None]:
+    """The order of trust among the three estimates (see the module's docstring)."""
+    if server is not None and server.counts.drafts:
+        return "server", server
+    if chunks is not None and chunks.draft_tokens_known and chunks.exact:
+        return "chunks", chunks
+    if counters is not None and counters.counts.drafts:
+        return "counters", counters
+    if chunks is not None and chunks.draft_tokens_known:
+        return "chunks", chunks
+    if server is not None:
+        return "server", server
+    return None, None

@@ -1,0 +1,252 @@
+"""One scrape interval: which decode steps of which requests fell in it, and how its counter delta is shared.
+
+The engine counts a whole batch step at once; the recorder scrapes its counters around requests. Between two good
+scrapes the counters grew by a delta; the chunks that arrived in between are the interval's *activity*. This module
+cuts the stream of chunks into intervals (:func:`cut`) and shares one interval's delta among its members
+(:meth:`Interval.accepted_share`, :meth:`Interval.draft_share`). The models those shares use are learned across
+intervals (:mod:`specproxy.attribution.fit`); :meth:`Interval.acceptance_observation` and
+:meth:`Interval.draft_observation` are what each interval teaches them. Pure: numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from specproxy.attribution.counts import SpecCounts
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A token-bearing chunk as the ledger keeps it until an interval takes it."""
+
+    t_ns: int
+    request_id: str
+    tokens: int
+    decode: bool  # a decode step (the first token-bearing chunk is prefill: tokens, but no speculative step)
+    exact: bool  # the token count came from usage or token ids
+
+
+@dataclass(slots=True)
+class Activity:
+    """One request's chunks within one interval."""
+
+    steps: float = 0.0  # decode steps (the prefill chunk is not a speculative step)
+    tokens: float = 0.0  # tokens of the decode chunks, as counted (exactly or approximately)
+    exact: bool = True  # every count came from usage or token ids
+    per_position: list[float] = field(default_factory=list)  # steps that accepted position i (from chunk sizes)
+    multi: float = 0.0  # steps that brought more than one token: they certainly drafted
+
+    def add(self, tokens: int, *, decode: bool, exact: bool) -> None:
+        if decode:
+            self.steps += 1
+            self.tokens += tokens
+            if tokens > 1:  # a step that brought n tokens accepted positions 0 .. n-2
+                self.multi += 1
+                if len(self.per_position) < tokens - 1:
+                    self.per_position.extend([0.0] * (tokens - 1 - len(self.per_position)))
+                for i in range(tokens - 1):
+                    self.per_position[i] += 1
+        if not exact:
+            self.exact = False
+
+    @property
+    def extra_tokens(self) -> float:
+        """Tokens beyond one per decode step: the accepted tokens, exactly so when the count is exact (every step
+        brought 1 + accepted tokens), else an approximate measure of them."""
+        return max(0.0, self.tokens - self.steps)
+
+    @property
+    def known_drafted(self) -> float:
+        """Steps known to have drafted: a step that brought several tokens did (only trusted with exact counts)."""
+        return self.multi if self.exact else 0.0
+
+    def position(self, i: int) -> float:
+        return self.per_position[i] if i < len(self.per_position) else 0.0
+
+
+def cut(chunks: deque[Chunk], *, boundary_ns: int, quota: int | None) -> dict[str, Activity]:
+    """Take an interval's chunks off the front of ``chunks``: ``quota`` decode steps when the engine's step count
+    is known (whatever their times), else every chunk that arrived by ``boundary_ns``."""
+    merged: dict[str, Activity] = {}
+    taken = 0
+    while chunks:
+        c = chunks[0]
+        if quota is not None:
+            if taken >= quota:
+                break
+        elif c.t_ns > boundary_ns:
+            break
+        chunks.popleft()
+        act = merged.get(c.request_id)
+        if act is None:
+            act = merged[c.request_id] = Activity()
+        act.add(c.tokens, decode=c.decode, exact=c.exact)
+        if c.decode:
+            taken += 1
+    return merged
+
+
+def step_quota(engine_steps: float | None, owed: int, available: int, in_flight: int) -> tuple[int | None, int]:
+    """How many of our decode chunks an interval takes, and how many it leaves owed to the next one.
+
+    ``engine_steps`` is the engine's count of decode steps in the interval (the inter-token-latency histogram's
+    count grows by one per request per step), ``owed`` the steps a previous interval counted whose chunks had not
+    arrived, ``available`` our decode chunks that arrived by the scrape (with slack). The chunk of the last counted
+    step of a streaming request can still be on its way (one per request in flight at most): take what is here and
+    owe the rest. More missing than that means steps our streams cannot explain (another client, a non-streamed
+    request): None, cut by time.
+    """
+    if engine_steps is None:
+        return None, owed
+    quota = round(engine_steps) + owed
+    short = quota - available
+    if short <= 0:
+        return quota, 0
+    if short <= max(1, in_flight):
+        return quota - short, short
+    return None, 0
+
+
+@dataclass(slots=True)
+class Interval:
+    """One settled scrape interval; its delta is shared out when each member request ends."""
+
+    delta: SpecCounts
+    members: dict[str, Activity]
+    workloads: dict[str, str]
+    # the engine's own decode steps in the interval, when known and more than our chunks show: steps of requests we
+    # did not stream (another client, a non-streamed request) share the delta, so ours take only their part
+    foreign_steps: float = 0.0
+    truncated: set[str] = field(default_factory=set)  # members that ended cut by max_tokens
+
+    @property
+    def steps(self) -> float:
+        return sum(a.steps for a in self.members.values())
+
+    @property
+    def all_exact(self) -> bool:
+        return all(a.exact for a in self.members.values())
+
+    @property
+    def overlapped(self) -> bool:
+        """Some member shared the interval with another request's steps (ours or foreign)."""
+        return sum(1 for a in self.members.values() if a.steps > 0) > 1 or self.foreign_steps > 0
+
+    @property
+    def shared(self) -> bool:
+        """Sharing makes a member's figure approximate: exact members' accepted tokens are known (tokens - steps),
+        so only an overlap with an inexact member, or with foreign steps, does."""
+        stepped = [a for a in self.members.values() if a.steps > 0]
+        return (len(stepped) > 1 and not all(a.exact for a in stepped)) or self.foreign_steps > 0
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether the members' shares of accepted tokens rest on the acceptance model."""
+        return len(self.members) > 1 and not self.all_exact
+
+    # -- what the interval teaches the models ----------------------------------------------------------------------
+    def acceptance_observation(self) -> tuple[dict[str, tuple[float, float]], float] | None:
+        """(workload -> (steps, approximate tokens) of inexact members, accepted delta less exact members' part);
+        None when every member is exact (nothing to learn)."""
+        if self.all_exact:
+            return None
+        remainder = self.delta.accepted - sum(a.extra_tokens for a in self.members.values() if a.exact)
+        by_w: dict[str, tuple[float, float]] = {}
+        for rid, a in self.members.items():
+            if not a.exact:
+                w = self.workloads.get(rid, "")
+                w_steps, w_text = by_w.get(w, (0.0, 0.0))
+                by_w[w] = (w_steps + a.steps, w_text + a.tokens)
+        return by_w, remainder
+
+    def draft_observation(self) -> tuple[dict[str, float], float] | None:
+        """(workload -> steps not known to have drafted, drafts less the steps known to have); None without drafts."""
+        if self.delta.drafts <= 0:
+            return None
+        known = sum(a.known_drafted for a in self.members.values())
+        unknown: dict[str, float] = {}
+        for rid, a in self.members.items():
+            w = self.workloads.get(rid, "")
+            unknown[w] = unknown.get(w, 0.0) + a.steps - a.known_drafted
+        return unknown, self.delta.drafts - known
+
+    # -- shares ----------------------------------------------------------------------------------------------------
+    def draft_share(self, rid: str, rates: Mapping[str, float], partial: bool) -> tuple[float, float]:
+        """This request's drafts and draft tokens in the interval.
+
+        When every step drafts (MTP, EAGLE, draft models) drafts follow steps. When only some do (``partial``:
+        ngram), a step that brought several tokens certainly drafted; the remaining drafts go to the other steps as
+        each workload's fitted drafting rate (``rates``) predicts them. Draft tokens follow drafts.
+        """
+        drafts = self.delta.drafts
+        me = self.members[rid]
+        if not partial or (len(self.members) == 1 and not self.foreign_steps):
+            total_steps = self.steps + self.foreign_steps
+            mine = drafts * me.steps / total_steps if total_steps else 0.0
+        else:
+            rest = max(0.0, drafts - sum(a.known_drafted for a in self.members.values()))
+            weights = {
+                m: rates.get(self.workloads.get(m, ""), 1.0) * (a.steps - a.known_drafted)
+                for m, a in self.members.items()
+            }
+            total = sum(weights.values())
+            if total <= 0:
+                weights = {m: a.steps - a.known_drafted for m, a in self.members.items()}
+                total = sum(weights.values())
+            mine = min(me.steps, me.known_drafted + (rest * weights[rid] / total if total > 0 else 0.0))
+        tokens = self.delta.draft_tokens * mine / drafts if drafts else 0.0
+        return mine, tokens
+
+    def accepted_share(self, rid: str, coef: Mapping[str, tuple[float, float]]) -> tuple[float, list[float]]:
+        """This request's accepted tokens and per-position counts in the interval.
+
+        Exact members (usage or token ids) accepted exactly tokens - steps, at the positions their chunks show.
+        What remains of the delta goes to the inexact members: between workloads as the acceptance model ``coef``
+        predicts them here (or by steps without a model), within a workload by text beyond one token per step (an
+        approximate count, but the same tokenizer for the same kind of text), else by steps. With no inexact
+        member, what remains is the unemitted tail of a max_tokens cut, when a member ended so.
+        """
+        per_position = self.delta.per_position
+        k = len(per_position)
+        me = self.members[rid]
+        exact_ids = [m for m, a in self.members.items() if a.exact]
+        rest = self.delta.accepted - sum(self.members[m].extra_tokens for m in exact_ids)
+        rest_pos = [per_position[i] - sum(self.members[m].position(i) for m in exact_ids) for i in range(k)]
+        inexact: dict[str, list[str]] = {}
+        for m, a in self.members.items():
+            if not a.exact:
+                inexact.setdefault(self.workloads.get(m, ""), []).append(m)
+        if me.exact:
+            accepted = me.extra_tokens
+            pos = [me.position(i) for i in range(k)]
+            cut_ids = [m for m in exact_ids if m in self.truncated]
+            if not inexact and not self.foreign_steps and rid in cut_ids and rest > 0:
+                # the unemitted drafts of the last step: at most k tokens per request cut
+                extra = min(rest / len(cut_ids), float(k)) if k else rest / len(cut_ids)
+                f = extra / rest
+                accepted += extra
+                pos = [p + max(0.0, r) * f for p, r in zip(pos, rest_pos, strict=True)]
+            return accepted, pos
+        if rest <= 0:
+            return 0.0, [0.0] * k
+        if self.foreign_steps:  # the remainder is also the foreign steps': keep only our inexact steps' part
+            ours = sum(a.steps for a in self.members.values() if not a.exact)
+            f = ours / (ours + self.foreign_steps) if ours + self.foreign_steps else 0.0
+            rest *= f
+            rest_pos = [r * f for r in rest_pos]
+        model: dict[str, float] = {}
+        for w, ids in inexact.items():
+            steps = sum(self.members[m].steps for m in ids)
+            w_text = sum(self.members[m].tokens for m in ids)
+            coef_steps, coef_text = coef.get(w, (1.0, 0.0))
+            model[w] = max(0.0, coef_steps * steps + coef_text * w_text)
+        if sum(model.values()) <= 0:
+            model = {w: sum(self.members[m].steps for m in ids) for w, ids in inexact.items()}
+        w = self.workloads.get(rid, "")
+        ids = inexact[w]
+        text = {m: self.members[m].extra_tokens for m in ids}
+        base = text if sum(text.values()) > 0 else {m: self.members[m].steps for m in ids}
+        fraction = (model[w] / (sum(model.values()) or 1.0)) * (base[rid] / (sum(base.values()) or 1.0))
+        return rest * fraction, [max(0.0, r) * fraction for r in rest_pos]

@@ -1,0 +1,199 @@
+"""The counter ledger: the engine's ``/metrics`` deltas shared among overlapping requests.
+
+The recorder tells the ledger about every token-bearing chunk (:meth:`CounterLedger.record_chunk`), and about each
+scrape that returned (:meth:`CounterLedger.settle`, with the delta since the previous good scrape: a failed scrape
+leaves its activity for the next good one, counters being cumulative). Each settled delta becomes an
+:class:`~specproxy.attribution.intervals.Interval` of the requests whose decode steps fell in it:
+
+- **Alignment.** The engine counts a whole batch step at once and observes its inter-token latency histogram once per
+  request per decode step, so the histogram's count delta says exactly how many decode chunks belong to the interval
+  (:func:`~specproxy.attribution.intervals.step_quota`). When our chunks do not add up (another client uses the
+  engine too) the cut falls back to the middle of the scrape.
+- **Exact members first, a model for the rest** (:mod:`specproxy.attribution.fit`), learned from every interval.
+
+Shares are computed when a request has ended and its closing scrape settled (:meth:`CounterLedger.pop`), with the
+models as they stand then; the recorder may hold a record until the acceptance model is stable. Pure bookkeeping:
+times come in as numbers, nothing here reads a clock or does IO.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from specproxy.attribution.counts import SpecCounts
+from specproxy.attribution.estimates import SpecEstimate
+from specproxy.attribution.fit import AcceptanceModel, DraftModel
+from specproxy.attribution.intervals import Chunk, Interval, cut, step_quota
+from specproxy.core.prom import SpecCounters
+
+PARTIAL_DRAFTING_BELOW = 0.95  # drafts per decode step under this: the method drafts on some steps only
+MAX_CHUNK_AGE_NS = 120 * 10**9  # without good scrapes, chunks older than this are forgotten
+
+
+@dataclass(slots=True)
+class _Request:
+    workload: str = ""
+    intervals: list[Interval] = field(default_factory=list)
+    shared: bool = False  # some interval held other requests' steps, not all with exact token counts
+    overlapped: bool = False  # some interval held other requests' steps
+    incomplete: bool = False  # some steps fell where no counter delta could be had
+    reset: bool = False
+    ended: bool = False
+    truncated: bool = False  # ended cut by max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class CounterAttribution:
+    estimate: SpecEstimate  # ``exact``: no reset, nothing missed, and any overlap only with exact token counts
+    intervals: int
+    overlapped: bool  # shared an interval with another request (drafts are then split by steps)
+    reset: bool
+
+
+def counts_of(delta: SpecCounters) -> SpecCounts:
+    """The four speculative counts of a counter delta (a family the engine does not publish counts 0)."""
+    return SpecCounts(delta.accepted or 0.0, delta.drafts or 0.0, delta.draft_tokens or 0.0, delta.per_position)
+
+
+class CounterLedger:
+    def __init__(self) -> None:
+        self._chunks: deque[Chunk] = deque()
+        self._req: dict[str, _Request] = {}
+        self.model = AcceptanceModel()
+        self.drafting = DraftModel()
+        self.unattributed = SpecCounts()  # deltas that fell in intervals with no request of ours
+        self.total = SpecCounts()
+        self.settled_steps = 0.0  # decode steps seen in intervals that got a delta
+        self._owed = 0  # decode steps counted by the engine whose chunks arrived after their interval was cut
+        self.aligned = 0  # intervals cut by the engine's step count
+        self.time_cut = 0  # intervals cut by time
+
+    # -- what the recorder reports ---------------------------------------------------------------------------------
+    def begin(self, rid: str, workload: str = "") -> None:
+        self._req[rid] = _Request(workload=workload)
+
+    def record_chunk(self, rid: str, tokens: int, t_ns: int, *, exact: bool, decode: bool = True) -> None:
+        """A token-bearing chunk of ``rid`` arrived at ``t_ns`` (``decode=False`` for the prefill chunk)."""
+        chunks = self._chunks
+        chunks.append(Chunk(t_ns, rid, tokens, decode, exact))
+        # Without good scrapes (the engine's /metrics down for long) nothing settles: forget chunks older than
+        # two minutes rather than grow without bound; their requests' counter figures are then incomplete.
+        if len(chunks) % 4096 == 0:
+            cutoff = t_ns - MAX_CHUNK_AGE_NS
+            while chunks and chunks[0].t_ns < cutoff:
+                r = self._req.get(chunks.popleft().request_id)
+                if r is not None:
+                    r.incomplete = True
+
+    @property
+    def pending_chunks(self) -> int:
+        return len(self._chunks)
+
+    def end(self, rid: str, *, truncated: bool = False) -> None:
+        """The request finished. ``truncated``: cut by max_tokens, so the engine counted accepted drafts of its last
+        step that were never emitted (measured on real vLLM): an interval's unexplained accepted tokens are its."""
+        r = self._req.get(rid)
+        if r is not None:
+            r.ended = True
+            r.truncated = r.truncated or truncated
+
+    # -- what the scraper reports ----------------------------------------------------------------------------------
+    def baseline(self, boundary_ns: int) -> None:
+        """The first good scrape: activity before it has no delta, so those requests' counter figures are incomplete."""
+        self.time_cut += 1
+        for rid in cut(self._chunks, boundary_ns=boundary_ns, quota=None):
+            r = self._req.get(rid)
+            if r is not None:
+                r.incomplete = True
+
+    def settle(self, boundary_ns: int, delta: SpecCounters, *, reset: bool = False, slack_ns: int = 0) -> None:
+        counts = counts_of(delta)
+        self.total = self.total + counts
+        engine_steps = None if reset else delta.decode_steps
+        available = 0
+        if engine_steps is not None:
+            available = sum(1 for c in self._chunks if c.decode and c.t_ns <= boundary_ns + slack_ns)
+        quota, self._owed = step_quota(engine_steps, self._owed, available, self.in_flight())
+        if quota is None:
+            self.time_cut += 1
+        else:
+            self.aligned += 1
+        members = cut(self._chunks, boundary_ns=boundary_ns, quota=quota)
+        foreign = 0.0
+        if quota is None and engine_steps is not None:
+            foreign = max(0.0, engine_steps - sum(a.steps for a in members.values()))
+        workloads = {rid: self._req[rid].workload for rid in members if rid in self._req}
+        interval = Interval(counts, members, workloads, foreign)
+        steps = interval.steps
+        self.settled_steps += steps
+        if steps <= 0:
+            self.unattributed = self.unattributed + counts
+            return
+        if not reset:
+            if (obs := interval.acceptance_observation()) is not None:
+                self.model.add(*obs)
+            if (drafted := interval.draft_observation()) is not None:
+                self.drafting.add(*drafted)
+        overlapped, shared = interval.overlapped, interval.shared
+        for rid in members:
+            r = self._req.get(rid)
+            if r is None:
+                continue
+            r.shared = r.shared or shared
+            r.overlapped = r.overlapped or overlapped
+            r.reset = r.reset or reset
+            r.intervals.append(interval)
+
+    # -- what the recorder asks ------------------------------------------------------------------------------------
+    @property
+    def draft_fraction(self) -> float | None:
+        """Drafts per decode step seen so far: about 1 when every step drafts (MTP, EAGLE, draft models), lower
+        when the method drafts only on some steps (ngram misses), where chunk-derived drafts overcount."""
+        if self.settled_steps < 20:
+            return None
+        return self.total.drafts / self.settled_steps
+
+    @property
+    def partial_drafting(self) -> bool:
+        fraction = self.draft_fraction
+        return fraction is not None and fraction < PARTIAL_DRAFTING_BELOW
+
+    def pending_for(self, rid: str) -> bool:
+        """Whether some chunk of ``rid`` still waits for a counter delta."""
+        return any(c.request_id == rid for c in self._chunks)
+
+    def needs_model(self, rid: str) -> bool:
+        """Whether this request's share of accepted tokens rests on the acceptance model (inexact counts, shared)."""
+        r = self._req.get(rid)
+        return r is not None and any(iv.needs_model for iv in r.intervals)
+
+    def in_flight(self) -> int:
+        return sum(1 for r in self._req.values() if not r.ended)
+
+    def pop(self, rid: str) -> CounterAttribution | None:
+        """Final figures for an ended request (None when none of its steps was ever covered by a delta)."""
+        r = self._req.pop(rid, None)
+        if r is None:
+            return None
+        if self.pending_for(rid):
+            r.incomplete = True  # some of its steps were never covered by a delta
+        if not r.intervals:
+            return None
+        coef = self.model.coefficients()
+        partial = self.partial_drafting
+        rates = self.drafting.rates() if partial else {}
+        mine = SpecCounts()
+        for interval in r.intervals:
+            if r.truncated:
+                interval.truncated.add(rid)
+            drafts, draft_tokens = interval.draft_share(rid, rates, partial)
+            accepted, pos = interval.accepted_share(rid, coef)
+            mine = mine + SpecCounts(accepted, drafts, draft_tokens, tuple(pos))
+        est = SpecEstimate(
+            mine,
+            k=mine.draft_tokens / mine.drafts if mine.drafts else None,
+            # with partial drafting, an overlapped request's drafts are modelled, not known
+            exact=not (r.shared or r.incomplete or r.reset or (partial and r.overlapped)),
+        )
+        return CounterAttribution(est, len(r.intervals), r.overlapped, r.reset)
