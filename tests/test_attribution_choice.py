@@ -1,0 +1,93 @@
+"""specproxy.attribution.choice: which estimate a record reports, and its flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specproxy.attribution.choice import Evidence, choose, decide
+from specproxy.attribution.counts import SpecCounts
+from specproxy.attribution.estimates import SpecEstimate
+from specproxy.attribution.ledger import CounterAttribution
+
+SERVER = {"num_accepted_draft_tokens": 4, "num_spec_steps": 3, "num_draft_tokens": 9, "num_spec_tokens": 3}
+
+
+def _counters(accepted: float, drafts: float, *, exact: bool = True, overlapped: bool = False,
+              reset: bool = False) -> CounterAttribution:  # fmt: skip
+    est = SpecEstimate(SpecCounts(accepted, drafts, drafts * 3), k=3.0, exact=exact)
+    return CounterAttribution(est, intervals=1, overlapped=overlapped, reset=reset)
+
+
+def _ev(**kw: Any) -> Evidence:
+    base: dict[str, Any] = {"stream": True, "tokens": [1, 3, 1, 4], "exact_counts": True, "several_choices": False,
+                            "k": 3.0}  # fmt: skip
+    return Evidence(**{**base, **kw})
+
+
+def test_exact_chunks_win_over_counters() -> None:
+    c = decide(_ev(counters=_counters(5, 3)))
+    assert c.source == "chunks" and c.chunks_are_steps and c.flags == ()
+    assert c.chosen is c.chunks and c.chosen is not None and c.chosen.counts.accepted == 5
+
+
+def test_the_server_figure_wins_when_it_reports_drafts() -> None:
+    c = decide(_ev(server_spec=SERVER, counters=_counters(5, 3)))
+    assert c.source == "server" and c.chosen is not None and c.chosen.counts.accepted == 4
+
+
+def test_text_counts_are_not_steps_so_counters_win() -> None:
+    c = decide(_ev(exact_counts=False, counters=_counters(6, 3, exact=False, overlapped=True)))
+    assert not c.chunks_are_steps and c.chunks is not None and not c.chunks.exact
+    assert c.source == "counters"
+    assert decide(_ev(exact_counts=False)).source == "chunks"  # nothing better: inexact chunks
+
+
+def test_more_tokens_in_a_chunk_than_a_step_can_bring() -> None:
+    c = decide(_ev(tokens=[1, 6, 2]))
+    assert "stream_interval_suspected" in c.flags and not c.chunks_are_steps
+
+
+def test_several_choices_interleave_so_chunks_are_not_steps() -> None:
+    assert not decide(_ev(several_choices=True)).chunks_are_steps
+
+
+def test_counters_alone_show_more_steps_than_chunks() -> None:
+    c = decide(_ev(tokens=[1] + [4] * 10, counters=_counters(30, 20)))  # 10 chunks, 20 drafts counted alone
+    assert "chunks_fewer_than_steps" in c.flags and not c.chunks_are_steps and c.source == "counters"
+    c = decide(_ev(tokens=[1] + [4] * 10, counters=_counters(30, 20, overlapped=True)))  # overlapped: no verdict
+    assert "chunks_fewer_than_steps" not in c.flags
+
+
+def test_partial_drafting_makes_chunk_drafts_approximate() -> None:
+    c = decide(_ev(k=2.5))  # ngram proposes fewer than k tokens at times
+    assert "partial_drafting" in c.flags and c.chunks is not None and not c.chunks.exact
+    c = decide(_ev(tokens=[1] + [1] * 20, counters=_counters(0, 8)))  # drafted on 8 of 20 steps, alone
+    assert "partial_drafting" in c.flags and c.source == "counters"
+    assert "partial_drafting" in decide(_ev(engine_drafts_partially=True)).flags
+
+
+def test_zero_acceptance_and_counter_flags() -> None:
+    c = decide(_ev(tokens=[1, 1, 1, 1]))
+    assert c.flags == ("spec_zero_acceptance",)
+    assert "counter_reset" in decide(_ev(counters=_counters(5, 3, exact=False, reset=True))).flags
+    assert decide(_ev(metrics_failing=True)).flags == ("metrics_unavailable",)
+    assert decide(_ev(metrics_failing=True, stream=False)).flags == ()
+
+
+def test_spec_block_keeps_every_estimate_and_the_configured_k() -> None:
+    block = decide(_ev(k=None, counters=_counters(5, 3, exact=False, overlapped=True))).spec_block()
+    assert block is not None
+    assert block["source"] == "counters"  # chunks without k know no draft tokens
+    assert block["estimates"]["chunks"]["draft_tokens"] is None and block["estimates"]["server"] is None
+    assert block["tokens_per_step"] == {"3": 1, "1": 1, "4": 1}
+    nothing = decide(_ev(stream=False, tokens=[]))
+    assert nothing.spec_block() is None and nothing.source is None
+
+
+def test_choose_order() -> None:
+    est = SpecEstimate(SpecCounts(1, 1, 3))
+    no_drafts = SpecEstimate(SpecCounts(1, 0, 3))
+    assert choose(est, est, est)[0] == "server"
+    assert choose(no_drafts, None, est)[0] == "counters"
+    assert choose(no_drafts, None, None)[0] == "server"  # llama.cpp: no step count, but a figure
+    assert choose(None, SpecEstimate(SpecCounts(1, 1, 0), draft_tokens_known=False), None) == (None, None)

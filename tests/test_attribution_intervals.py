@@ -1,0 +1,149 @@
+"""specproxy.attribution.intervals: cutting chunks into scrape intervals and sharing one interval's delta."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from specproxy.attribution.counts import SpecCounts
+from specproxy.attribution.intervals import Activity, Chunk, Interval, cut, step_quota
+
+MS = 10**6
+
+
+# -- the cut by decode steps ---------------------------------------------------------------------------------------
+def test_quota_is_the_engine_step_count_plus_what_was_owed() -> None:
+    assert step_quota(10, owed=0, available=12, in_flight=3) == (10, 0)
+    assert step_quota(10, owed=2, available=12, in_flight=3) == (12, 0)
+
+
+def test_quota_owes_missing_chunks_still_in_transit_one_per_stream() -> None:
+    # the engine counted 11 steps, only 9 chunks are here, 3 streams in flight: 2 chunks may still be on their way
+    assert step_quota(10, owed=1, available=9, in_flight=3) == (9, 2)
+    assert step_quota(3, owed=0, available=2, in_flight=0) == (2, 1)  # at least one, even after the last ended
+
+
+def test_quota_falls_back_to_time_when_our_streams_cannot_explain_the_steps() -> None:
+    assert step_quota(10, owed=0, available=2, in_flight=3) == (None, 0)  # another client uses the engine
+    assert step_quota(None, owed=2, available=5, in_flight=1) == (None, 2)  # no step count: keep what is owed
+
+
+def _chunks(*spec: tuple[int, str, int, bool]) -> deque[Chunk]:
+    return deque(Chunk(t * MS, rid, n, decode, True) for t, rid, n, decode in spec)
+
+
+def test_cut_by_quota_takes_decode_steps_whatever_their_time() -> None:
+    q = _chunks((1, "a", 1, False), (2, "a", 3, True), (3, "b", 1, False), (4, "b", 2, True), (9, "a", 1, True))
+    got = cut(q, boundary_ns=0, quota=2)  # a boundary before everything: the quota decides
+    assert set(got) == {"a", "b"}
+    assert (got["a"].steps, got["a"].tokens, got["b"].steps, got["b"].tokens) == (1, 3, 1, 2)
+    assert [c.t_ns for c in q] == [9 * MS]  # the third decode step waits for the next interval
+
+
+def test_cut_by_time() -> None:
+    q = _chunks((1, "a", 2, True), (5, "a", 1, True), (6, "a", 4, True))
+    got = cut(q, boundary_ns=5 * MS, quota=None)
+    assert got["a"].steps == 2 and got["a"].tokens == 3 and len(q) == 1
+
+
+def test_activity_counts_positions_from_chunk_sizes() -> None:
+    a = Activity()
+    a.add(1, decode=False, exact=True)  # prefill: no step
+    a.add(3, decode=True, exact=True)  # accepted positions 0 and 1
+    a.add(2, decode=True, exact=True)  # position 0
+    a.add(1, decode=True, exact=True)  # nothing accepted
+    assert (a.steps, a.tokens, a.multi, a.per_position) == (3, 6, 2, [2.0, 1.0])
+    assert a.extra_tokens == 3 and a.known_drafted == 2 and a.position(5) == 0
+    a.add(1, decode=True, exact=False)
+    assert not a.exact and a.known_drafted == 0  # text-counted sizes prove nothing
+
+
+# -- shares of accepted tokens ---------------------------------------------------------------------------------------
+def _act(steps: float, tokens: float, *, exact: bool, pos: list[float] | None = None, multi: float = 0) -> Activity:
+    return Activity(steps=steps, tokens=tokens, exact=exact, per_position=pos or [], multi=multi)
+
+
+def test_exact_members_take_tokens_minus_steps_and_their_positions() -> None:
+    iv = Interval(
+        SpecCounts(accepted=7, drafts=8, draft_tokens=24, per_position=(5.0, 2.0, 0.0)),
+        {"a": _act(5, 9, exact=True, pos=[3, 1]), "b": _act(3, 6, exact=True, pos=[2, 1])},
+        {"a": "code", "b": "ja"},
+    )
+    assert iv.accepted_share("a", {}) == (4, [3, 1, 0])
+    assert iv.accepted_share("b", {}) == (3, [2, 1, 0])
+    assert not iv.shared and iv.overlapped and not iv.needs_model and iv.acceptance_observation() is None
+
+
+def test_inexact_members_share_the_rest_between_workloads_by_the_model() -> None:
+    members = {"e": _act(4, 6, exact=True), "j": _act(10, 14, exact=False), "c": _act(10, 25, exact=False)}
+    iv = Interval(SpecCounts(accepted=2 + 30, drafts=24, draft_tokens=72), members, {"e": "x", "j": "ja", "c": "code"})
+    # what the exact member does not explain (30) goes 5 : 10 by the model (0.5 and 1.0 accepted per step)
+    coef = {"ja": (0.5, 0.0), "code": (1.0, 0.0)}
+    assert iv.accepted_share("e", coef)[0] == 2
+    assert iv.accepted_share("j", coef)[0] == pytest.approx(10)
+    assert iv.accepted_share("c", coef)[0] == pytest.approx(20)
+    assert iv.needs_model and iv.shared
+    assert iv.acceptance_observation() == ({"ja": (10, 14), "code": (10, 25)}, 30)
+    # without a model, by steps
+    assert iv.accepted_share("j", {})[0] == pytest.approx(15)
+
+
+def test_within_a_workload_by_text_beyond_one_token_per_step() -> None:
+    members = {"a": _act(5, 11, exact=False), "b": _act(5, 7, exact=False)}  # 6 and 2 tokens beyond the steps
+    iv = Interval(SpecCounts(accepted=12, drafts=10, draft_tokens=30, per_position=(8.0, 4.0)), members,
+                  {"a": "ja", "b": "ja"})  # fmt: skip
+    acc, pos = iv.accepted_share("a", {"ja": (0.8, 0.1)})
+    assert acc == pytest.approx(9) and pos == pytest.approx([6, 3])
+    assert iv.accepted_share("b", {"ja": (0.8, 0.1)})[0] == pytest.approx(3)
+
+
+def test_a_request_cut_by_max_tokens_takes_the_unemitted_tail_up_to_k() -> None:
+    # alone and exact, chunks show 3 accepted; the engine counted 5: the last step's accepted drafts never came out
+    delta = SpecCounts(accepted=5, drafts=4, draft_tokens=12, per_position=(3.0, 1.0, 1.0))
+    iv = Interval(delta, {"a": _act(4, 7, exact=True, pos=[2, 1])}, {"a": "code"}, truncated={"a"})
+    acc, pos = iv.accepted_share("a", {})
+    assert acc == 5 and pos == pytest.approx([3, 1, 1])
+    iv = Interval(SpecCounts(accepted=9, drafts=4, draft_tokens=12, per_position=(3.0, 3.0, 3.0)),
+                  {"a": _act(4, 7, exact=True, pos=[2, 1])}, {"a": "code"}, truncated={"a"})  # fmt: skip
+    assert iv.accepted_share("a", {})[0] == 6  # 3 + at most k = 3
+    iv.truncated.clear()
+    assert iv.accepted_share("a", {})[0] == 3  # not cut: the rest is not its
+
+
+def test_foreign_steps_keep_only_our_part_of_the_rest() -> None:
+    iv = Interval(SpecCounts(accepted=20, drafts=20, draft_tokens=60), {"a": _act(10, 25, exact=False)}, {"a": "ja"},
+                  foreign_steps=10)  # fmt: skip
+    assert iv.accepted_share("a", {})[0] == pytest.approx(10)
+    assert iv.shared and iv.overlapped
+
+
+def test_nothing_left_for_inexact_members() -> None:
+    members = {"e": _act(4, 10, exact=True), "i": _act(4, 8, exact=False)}
+    iv = Interval(SpecCounts(accepted=5, drafts=8, draft_tokens=24, per_position=(5.0,)), members, {})
+    assert iv.accepted_share("i", {}) == (0.0, [0.0])
+
+
+# -- shares of drafts ----------------------------------------------------------------------------------------------
+def test_drafts_follow_steps_when_every_step_drafts() -> None:
+    members = {"a": _act(6, 12, exact=True), "b": _act(2, 2, exact=True)}
+    iv = Interval(SpecCounts(accepted=6, drafts=10, draft_tokens=30), members, {}, foreign_steps=2)
+    assert iv.draft_share("a", {}, partial=False) == pytest.approx((6, 18))
+    assert iv.draft_share("b", {}, partial=False) == pytest.approx((2, 6))
+
+
+def test_partial_drafting_uses_known_drafts_then_the_workload_rates() -> None:
+    # ngram: "a" had 3 multi-token steps (certainly drafted) of 6; "b" 0 of 4. 7 drafts: 4 remain for 3 + 4 steps
+    members = {"a": _act(6, 10, exact=True, multi=3), "b": _act(4, 4, exact=True)}
+    iv = Interval(SpecCounts(accepted=4, drafts=7, draft_tokens=14), members, {"a": "code", "b": "ja"})
+    rates = {"code": 1.0, "ja": 0.25}  # weights 3 * 1.0 and 4 * 0.25: 3 : 1
+    a_drafts, a_tokens = iv.draft_share("a", rates, partial=True)
+    b_drafts, _ = iv.draft_share("b", rates, partial=True)
+    assert a_drafts == pytest.approx(3 + 3) and b_drafts == pytest.approx(1) and a_tokens == pytest.approx(12)
+    assert iv.draft_observation() == ({"code": 3, "ja": 4}, 4)
+
+
+def test_a_lone_partial_drafter_takes_every_draft() -> None:
+    iv = Interval(SpecCounts(accepted=2, drafts=3, draft_tokens=9), {"a": _act(6, 8, exact=True, multi=2)}, {})
+    assert iv.draft_share("a", {"": 0.1}, partial=True) == pytest.approx((3, 9))
+    assert Interval(SpecCounts(), {"a": _act(1, 1, exact=True)}, {}).draft_observation() is None

@@ -1,0 +1,161 @@
+"""specproxy.attribution.ledger: chunks and scrapes in, each request's counter figure out."""
+
+from __future__ import annotations
+
+import pytest
+
+from specproxy.attribution.ledger import MAX_CHUNK_AGE_NS, CounterLedger
+from specproxy.core.prom import SpecCounters
+
+MS = 10**6
+
+
+def _delta(
+    steps: float | None, accepted: float, drafts: float, k: int = 3, pos: tuple[float, ...] = ()
+) -> SpecCounters:
+    return SpecCounters("vllm", drafts=drafts, draft_tokens=drafts * k, accepted=accepted, per_position=pos,
+                        decode_steps=steps)  # fmt: skip
+
+
+def _stream(led: CounterLedger, rid: str, tokens: list[int], t0_ms: int, *, exact: bool = True) -> int:
+    """Prefill chunk then one decode chunk per entry, 1 ms apart; returns the time after the last."""
+    led.record_chunk(rid, 1, t0_ms * MS, exact=exact, decode=False)
+    for i, n in enumerate(tokens, 1):
+        led.record_chunk(rid, n, (t0_ms + i) * MS, exact=exact)
+    return t0_ms + len(tokens) + 1
+
+
+def test_a_request_alone_gets_the_delta_exactly() -> None:
+    led = CounterLedger()
+    led.baseline(0)
+    led.begin("a", "code")
+    end = _stream(led, "a", [2, 1, 3], 1)
+    led.end("a")
+    led.settle(end * MS, _delta(3, accepted=3, drafts=3, pos=(2.0, 1.0, 0.0)))
+    assert not led.pending_for("a") and not led.needs_model("a")
+    got = led.pop("a")
+    assert got is not None and got.intervals == 1 and not got.overlapped and not got.reset
+    est = got.estimate
+    assert (est.counts.accepted, est.counts.drafts, est.counts.draft_tokens, est.k, est.exact) == (3, 3, 9, 3, True)
+    assert est.counts.per_position == (2.0, 1.0, 0.0)
+    assert led.aligned == 1 and led.time_cut == 1  # the baseline is a time cut
+
+
+def test_the_engine_step_count_cuts_the_interval_not_the_clock() -> None:
+    led = CounterLedger()
+    led.begin("a")
+    _stream(led, "a", [2, 2, 2, 2], 1)  # 4 decode chunks arrived by t=5 ms
+    led.settle(10 * MS, _delta(2, accepted=2, drafts=2))  # but the engine had counted only 2 steps
+    assert led.pending_for("a") and led.pending_chunks == 2
+    led.end("a")
+    led.settle(20 * MS, _delta(2, accepted=2, drafts=2))
+    got = led.pop("a")
+    assert got is not None and got.intervals == 2 and got.estimate.counts.accepted == 4
+
+
+def test_a_chunk_still_in_transit_is_owed_to_the_next_interval() -> None:
+    led = CounterLedger()
+    led.begin("a")
+    _stream(led, "a", [2, 2], 1)
+    led.settle(10 * MS, _delta(3, accepted=3, drafts=3))  # counted 3 steps, 2 chunks here: 1 on its way
+    assert led.aligned == 1 and led.pending_chunks == 0
+    led.record_chunk("a", 2, 11 * MS, exact=True)
+    led.end("a")
+    led.settle(20 * MS, _delta(0, accepted=0, drafts=0))  # the owed step's chunk is taken now
+    got = led.pop("a")
+    assert got is not None and got.intervals == 2 and got.estimate.exact
+
+
+def test_steps_our_streams_cannot_explain_are_foreign() -> None:
+    led = CounterLedger()
+    led.begin("a", "ja")
+    _stream(led, "a", [2, 2], 1)
+    led.end("a")
+    led.settle(10 * MS, _delta(10, accepted=12, drafts=10))  # 8 steps of someone else's: a time cut
+    assert led.time_cut == 1
+    got = led.pop("a")
+    assert got is not None and got.overlapped and not got.estimate.exact
+    assert got.estimate.counts.accepted == 2  # exact counts: its own tokens - steps, not the foreign share
+    assert got.estimate.counts.drafts == pytest.approx(2)  # drafts by steps, the foreign steps' included
+
+
+def test_overlap_with_exact_counts_stays_exact_and_inexact_needs_the_model() -> None:
+    led = CounterLedger()
+    for rid in ("a", "b"):
+        led.begin(rid, "code")
+    _stream(led, "a", [3, 1], 1)
+    _stream(led, "b", [2, 2], 1)
+    for rid in ("a", "b"):
+        led.end(rid)
+    led.settle(10 * MS, _delta(4, accepted=4, drafts=4))
+    a, b = led.pop("a"), led.pop("b")
+    assert a is not None and b is not None and a.overlapped and a.estimate.exact and b.estimate.exact
+    assert (a.estimate.counts.accepted, b.estimate.counts.accepted) == (2, 2)
+
+    led = CounterLedger()
+    for rid in ("a", "b"):
+        led.begin(rid, "ja")
+    _stream(led, "a", [3, 1], 1, exact=False)
+    _stream(led, "b", [2, 2], 1)
+    for rid in ("a", "b"):
+        led.end(rid)
+    led.settle(10 * MS, _delta(4, accepted=5, drafts=4))
+    assert led.needs_model("a") and led.model.intervals == 1
+    a = led.pop("a")
+    assert a is not None and not a.estimate.exact and a.estimate.counts.accepted == pytest.approx(3)  # 5 - b's 2
+
+
+def test_a_counter_reset_is_flagged_and_teaches_no_model() -> None:
+    led = CounterLedger()
+    led.begin("a", "ja")
+    _stream(led, "a", [2, 2], 1, exact=False)
+    led.end("a")
+    led.settle(10 * MS, _delta(2, accepted=2, drafts=2), reset=True)
+    got = led.pop("a")
+    assert got is not None and got.reset and not got.estimate.exact and led.model.intervals == 0
+
+
+def test_a_max_tokens_cut_takes_the_unemitted_accepted_drafts() -> None:
+    led = CounterLedger()
+    led.begin("a")
+    _stream(led, "a", [2, 1], 1)
+    led.end("a", truncated=True)
+    led.settle(10 * MS, _delta(2, accepted=3, drafts=2))  # the last step accepted 2 more that were never sent
+    got = led.pop("a")
+    assert got is not None and got.estimate.counts.accepted == 3
+
+
+def test_deltas_without_our_steps_are_unattributed() -> None:
+    led = CounterLedger()
+    led.settle(10 * MS, _delta(5, accepted=4, drafts=5))
+    led.settle(20 * MS, _delta(5, accepted=1, drafts=5))
+    assert led.unattributed.accepted == 5 and led.total.drafts == 10 and led.pop("nobody") is None
+
+
+def test_partial_drafting_is_learned_from_drafts_per_step() -> None:
+    led = CounterLedger()
+    led.begin("a")
+    _stream(led, "a", [1] * 30, 1)
+    assert led.draft_fraction is None  # fewer than 20 settled steps
+    led.settle(100 * MS, _delta(30, accepted=0, drafts=12))  # ngram drafted on 12 of 30 steps
+    assert led.draft_fraction == pytest.approx(0.4) and led.partial_drafting
+    assert led.drafting.rates() == {"": pytest.approx(0.4, abs=0.01)}
+
+
+def test_ledger_forgets_old_chunks_when_nothing_settles() -> None:
+    led = CounterLedger()
+    led.begin("a")
+    n = 4096 * 3
+    for i in range(n):
+        led.record_chunk("a", 1, i * 10**8, exact=True)  # 100 ms apart: 20 minutes of chunks, never a good scrape
+    assert led.pending_chunks < n
+    assert led.pending_chunks <= (MAX_CHUNK_AGE_NS + 4096 * 10**8) // 10**8 + 1
+    assert led.pop("a") is None  # nothing was ever settled for it
+
+
+def test_in_flight_counts_requests_not_ended() -> None:
+    led = CounterLedger()
+    led.begin("a")
+    led.begin("b")
+    led.end("a")
+    assert led.in_flight() == 1
