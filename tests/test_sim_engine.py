@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 
 from specproxy.sim.config import DEFAULT_PROFILES, Profile, SimConfig, load_profiles
@@ -245,3 +248,88 @@ def test_config_validation_and_profiles_file(tmp_path: Path) -> None:
     assert parse_faults("status=503, stall=0.5,reset_after=3").reset_after == 3
     with pytest.raises(ValueError):
         parse_faults("explode=1")
+
+
+def _pinned_run(cfg: SimConfig) -> tuple[list[tuple[object, ...]], str]:
+    """Step a mixed batch to completion (queueing, length cuts, natural stops, one abort mid-step).
+
+    Returns per-request (completion_tokens, counted_accepted, drafts, draft_tokens, finish_reason) and a digest
+    of every step's outputs and the final totals, so any change in the order of random draws shows up.
+    """
+    profiles = ["code", "ja_chat", "other"]
+    reqs = [make(cfg, i, profiles[i % 3], max_tokens=30 + 97 * i) for i in range(7)]
+    core = EngineCore(cfg)
+    for r in reqs:
+        core.register(r)
+        core.submit(r, 0.0)
+    now_s, steps = 0.0, 0
+    digest = hashlib.sha256()
+    while core.has_work:
+        now_s += core.begin_step(now_s)
+        steps += 1
+        if steps == 5:
+            core.abort("r1", now_s)  # r1 is in the batch with its drafts decided: its share is skipped
+        report = core.finish_step(now_s)
+        digest.update(orjson.dumps(dataclasses.asdict(report)))
+    digest.update(orjson.dumps(core.totals.as_json()))
+    truths = [
+        (t.completion_tokens, t.counted_accepted, t.drafts, t.draft_tokens, t.finish_reason)
+        for t in (r.truth for r in reqs)
+    ]
+    return truths, digest.hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("method", "k", "expected_truths", "expected_digest"),
+    [
+        (
+            "mtp",
+            3,
+            [
+                (30, 21, 11, 33, "length"),
+                (5, 1, 3, 9, "abort"),
+                (224, 121, 103, 309, "length"),
+                (215, 139, 75, 225, "stop"),
+                (363, 129, 233, 699, "stop"),
+                (270, 139, 130, 390, "stop"),
+                (84, 53, 30, 90, "stop"),
+            ],
+            "8382be2f7ec050850dd6a42e485e3f2568a9159f5daba252f17c1dc26a69c878",
+        ),
+        (
+            "ngram",
+            4,
+            [
+                (30, 21, 10, 36, "length"),
+                (4, 0, 1, 2, "abort"),
+                (224, 66, 63, 238, "length"),
+                (215, 118, 54, 192, "stop"),
+                (363, 64, 96, 359, "stop"),
+                (270, 67, 79, 285, "stop"),
+                (84, 47, 23, 82, "stop"),
+            ],
+            "289f497fb74b4c3cefd796897dc302e3caf2edc4af39421fe75d91a2bbf96704",
+        ),
+        (
+            "none",
+            3,
+            [
+                (30, 0, 0, 0, "length"),
+                (4, 0, 0, 0, "abort"),
+                (224, 0, 0, 0, "length"),
+                (215, 0, 0, 0, "stop"),
+                (363, 0, 0, 0, "stop"),
+                (270, 0, 0, 0, "stop"),
+                (84, 0, 0, 0, "stop"),
+            ],
+            "1014fee8dd951e09ce676b8d76e8f04353b8330ac6ac9e3d8400be02a96b11a1",
+        ),
+    ],
+)
+def test_seeded_run_is_pinned(
+    method: str, k: int, expected_truths: list[tuple[object, ...]], expected_digest: str
+) -> None:
+    cfg = SimConfig(seed=11, spec_method=method, num_speculative_tokens=k, max_num_seqs=3)
+    truths, digest = _pinned_run(cfg)
+    assert truths == expected_truths
+    assert digest == expected_digest
