@@ -27,6 +27,8 @@ from types import MappingProxyType
 
 import orjson
 
+from specproxy.sim.faults import parse_faults
+
 SPEC_METHODS: tuple[str, ...] = ("none", "mtp", "ngram", "eagle", "draft_model")
 CORPORA: tuple[str, ...] = ("code", "ja", "en")
 METRICS_FAULTS: tuple[str, ...] = ("none", "fail", "hang")
@@ -188,9 +190,6 @@ class SimConfig:
             raise ValueError("profiles must define at least one workload")
         for name, profile in self.profiles.items():
             profile.validate(name)
-        # Imported here: faults parsing lives with the wire format, which imports this module.
-        from specproxy.sim.wire import parse_faults
-
         parse_faults(self.request_faults)
 
 

@@ -23,19 +23,18 @@ from aiohttp import web
 
 from specproxy.sim.config import METRICS_FAULTS, SimConfig
 from specproxy.sim.engine import SimRequest
+from specproxy.sim.faults import Faults, parse_faults
 from specproxy.sim.metrics import CONTENT_TYPE
 from specproxy.sim.runtime import OutputQueue, SimRuntime
 from specproxy.sim.wire import (
     DONE,
     KEEPALIVE,
     ApiError,
-    Faults,
     ParsedRequest,
     StreamFormatter,
     error_body,
     error_event,
     full_body,
-    parse_faults,
     parse_request,
     request_metrics,
 )

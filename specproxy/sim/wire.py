@@ -1,4 +1,4 @@
-"""vLLM 0.32's OpenAI wire format as the simulator speaks it: request parsing, fault specs, response bodies.
+"""vLLM 0.32's OpenAI wire format as the simulator speaks it: request parsing, error and response bodies.
 
 Pure: bytes and dicts in, bytes and dicts out. Field order follows the real captures in tests/data/ exactly
 (orjson keeps dict insertion order), because clients and recorders are tested against this shape.
@@ -43,52 +43,6 @@ class ApiError(Exception):
 def error_body(status: int, message: str, param: str | None = None) -> bytes:
     err_type = _ERROR_TYPES.get(status, "Error")
     return orjson.dumps({"error": {"message": message, "type": err_type, "param": param, "code": status}})
-
-
-@dataclass(frozen=True, slots=True)
-class Faults:
-    """Faults for one request: see `parse_faults`."""
-
-    status: int | None = None
-    stall_s: float = 0.0
-    reset_after: int | None = None
-    error_event_after: int | None = None
-
-
-def parse_faults(spec: str) -> Faults:
-    """Parse "status=503,stall=1.5,reset_after=4,error_event_after=2" (any subset, any order; "" = none)."""
-    values: dict[str, Any] = {}
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        key, sep, raw = part.partition("=")
-        key = key.strip()
-        try:
-            if not sep:
-                raise ValueError
-            if key == "status":
-                status = int(raw)
-                if not 400 <= status <= 599:
-                    raise ValueError
-                values["status"] = status
-            elif key == "stall":
-                stall = float(raw)
-                if not stall >= 0:
-                    raise ValueError
-                values["stall_s"] = stall
-            elif key in ("reset_after", "error_event_after"):
-                n = int(raw)
-                if n < 0:
-                    raise ValueError
-                values[key] = n
-            else:
-                raise KeyError(key)
-        except KeyError:
-            raise ValueError(f"unknown fault {key!r} (status, stall, reset_after, error_event_after)") from None
-        except ValueError:
-            raise ValueError(f"bad fault {part!r}: expected status=4xx|5xx, stall=S or *_after=N") from None
-    return Faults(**values)
 
 
 @dataclass(frozen=True, slots=True)
