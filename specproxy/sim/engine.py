@@ -277,104 +277,81 @@ class EngineCore:
         return self.k if rng.random() < 0.8 else rng.randint(1, self.k)
 
     def finish_step(self, now_s: float) -> StepReport:
-        """Run the verification of the step begun by `begin_step` and return what each request got."""
+        """Run the verification of the step begun by `begin_step` and return what each request got.
+
+        Each request of the batch still running (one aborted while the step ran is skipped) is advanced in
+        batch order, completely before the next one: `_advance` draws how many of its drafts are accepted,
+        decides how many tokens it emits and whether it finishes, draws those tokens, updates its truth and
+        retires it if it finished. `_close_step` then adds the step to the engine's totals. Each request draws
+        from its own random streams in this fixed order, so a seed always gives the same run.
+        """
         outputs: list[StepOutput] = []
-        drafts = draft_tokens = accepted_total = 0
-        per_pos = [0] * self.k
         admitted_prompt = 0
         for req in self._stepping:
             if req.id not in self._running:
                 continue  # aborted while the step ran
-            truth = req.truth
-            prefill = not req.prefilled
-            if prefill:
-                req.prefilled = True
-                admitted_prompt += truth.prompt_tokens
-            drafted = req.drafted_now
-            accepted = 0
-            while accepted < drafted and req.accept_rng.random() < req.profile.accept_at(accepted):
-                accepted += 1
-            remaining_natural = truth.natural_tokens - req.emitted
-            remaining_max = truth.max_tokens - req.emitted
-            finish: str | None = None
-            if remaining_natural <= min(1 + accepted, remaining_max):
-                # The EOS arrives within this step: stop there; nothing after it was verified.
-                n_emit = remaining_natural
-                accepted = n_emit - 1
-                finish = "stop"
-            elif remaining_max <= 1 + accepted:
-                n_emit = remaining_max  # cut by max_tokens; `accepted` keeps the unemitted tail
-                finish = "length"
-            else:
-                n_emit = 1 + accepted
-            texts: list[str] = []
-            ids: list[int] = []
-            for i in range(n_emit):
-                if finish == "stop" and i == n_emit - 1:
-                    texts.append("")
-                    ids.append(EOS_TOKEN_ID)
-                else:
-                    piece, tid = req.text.next()
-                    texts.append(piece)
-                    ids.append(tid)
-            req.emitted += n_emit
-            if drafted:
-                drafts += 1
-                draft_tokens += drafted
-                accepted_total += accepted
-                for pos in range(accepted):
-                    per_pos[pos] += 1
-                    truth.per_position[pos] += 1
-                truth.drafts += 1
-                truth.draft_tokens += drafted
-                truth.counted_accepted += accepted
-                truth.per_step_accepted.append(accepted)
-                truth.per_step_drafted.append(drafted)
-            if not prefill:
-                truth.accepted += n_emit - 1
-            truth.completion_tokens = req.emitted
-            truth.step_emitted.append(n_emit)
-            ttft = itl = e2e = queue = None
-            if prefill:
-                truth.first_token_at_s = now_s
-                submitted = truth.submitted_at_s if truth.submitted_at_s is not None else now_s
-                ttft = now_s - submitted
-                queue = (truth.admitted_at_s if truth.admitted_at_s is not None else now_s) - submitted
-            elif req.last_token_at_s is not None:
-                itl = now_s - req.last_token_at_s
-            req.last_token_at_s = now_s
-            if finish is not None:
-                truth.finish_reason = finish
-                truth.finished_at_s = now_s
-                e2e = now_s - (truth.submitted_at_s if truth.submitted_at_s is not None else now_s)
-                self.totals.finished[finish] += 1
-                del self._running[req.id]
-            outputs.append(
-                StepOutput(
-                    request_id=req.id,
-                    texts=tuple(texts),
-                    token_ids=tuple(ids),
-                    drafted=drafted,
-                    accepted_counted=accepted,
-                    completion_tokens=req.emitted,
-                    finish_reason=finish,
-                    prefill=prefill,
-                    ttft_s=ttft,
-                    itl_s=itl,
-                    e2e_s=e2e,
-                    queue_s=queue,
-                )
-            )
+            if not req.prefilled:
+                admitted_prompt += req.truth.prompt_tokens
+            outputs.append(self._advance(req, now_s))
         self._stepping = []
+        return self._close_step(outputs, admitted_prompt)
+
+    def _advance(self, req: SimRequest, now_s: float) -> StepOutput:
+        """One request's share of the step: verify its drafts, emit its tokens, record it, retire it if done."""
+        prefill = not req.prefilled
+        req.prefilled = True
+        drafted = req.drafted_now
+        n_emit, accepted, finish = _plan_emission(req.truth, req.emitted, _draw_accepted(req, drafted))
+        texts, ids = _emit_tokens(req, n_emit, ends_on_eos=finish == "stop")
+        req.emitted += n_emit
+        _record_verification(req.truth, drafted, accepted, n_emit, prefill)
+        req.truth.completion_tokens = req.emitted
+        ttft, itl, queue = _stamp_token_times(req, prefill, now_s)
+        e2e = self._retire(req, finish, now_s) if finish is not None else None
+        return StepOutput(
+            request_id=req.id,
+            texts=tuple(texts),
+            token_ids=tuple(ids),
+            drafted=drafted,
+            accepted_counted=accepted,
+            completion_tokens=req.emitted,
+            finish_reason=finish,
+            prefill=prefill,
+            ttft_s=ttft,
+            itl_s=itl,
+            e2e_s=e2e,
+            queue_s=queue,
+        )
+
+    def _retire(self, req: SimRequest, finish: str, now_s: float) -> float:
+        """Take a finished request out of the batch and count it; return its end-to-end latency."""
+        truth = req.truth
+        truth.finish_reason = finish
+        truth.finished_at_s = now_s
+        self.totals.finished[finish] += 1
+        del self._running[req.id]
+        return now_s - (truth.submitted_at_s if truth.submitted_at_s is not None else now_s)
+
+    def _close_step(self, outputs: list[StepOutput], admitted_prompt: int) -> StepReport:
+        """Sum the step's outputs into a report and add it to the engine's totals."""
+        drafts = draft_tokens = accepted = 0
+        per_pos = [0] * self.k
+        for out in outputs:
+            if out.drafted:
+                drafts += 1
+                draft_tokens += out.drafted
+                accepted += out.accepted_counted
+                for pos in range(out.accepted_counted):
+                    per_pos[pos] += 1
+        read_bytes = self.cfg.model_bytes if outputs else 0
         t = self.totals
         t.drafts += drafts
         t.draft_tokens += draft_tokens
-        t.accepted += accepted_total
+        t.accepted += accepted
         for pos, n in enumerate(per_pos):
             t.per_position[pos] += n
         t.prompt_tokens += admitted_prompt
         t.generation_tokens += sum(len(o.token_ids) for o in outputs)
-        read_bytes = self.cfg.model_bytes if outputs else 0
         t.read_bytes += read_bytes
         t.steps += 1
         return StepReport(
@@ -382,8 +359,76 @@ class EngineCore:
             outputs=tuple(outputs),
             drafts=drafts,
             draft_tokens=draft_tokens,
-            accepted=accepted_total,
+            accepted=accepted,
             per_position=tuple(per_pos),
             prompt_tokens=admitted_prompt,
             read_bytes=read_bytes,
         )
+
+
+def _draw_accepted(req: SimRequest, drafted: int) -> int:
+    """How many of `drafted` draft tokens the target model accepts: position i only if i-1 was."""
+    accepted = 0
+    while accepted < drafted and req.accept_rng.random() < req.profile.accept_at(accepted):
+        accepted += 1
+    return accepted
+
+
+def _plan_emission(truth: RequestTruth, emitted: int, accepted: int) -> tuple[int, int, str | None]:
+    """Tokens to emit this step, accepted drafts to count, and the finish reason (None: keeps running).
+
+    An EOS within reach ends the request on it, and nothing after it counts (it was never verified). A cut by
+    max_tokens emits only up to the limit but still counts every accepted draft, as vLLM's scheduler does.
+    """
+    remaining_natural = truth.natural_tokens - emitted
+    remaining_max = truth.max_tokens - emitted
+    if remaining_natural <= min(1 + accepted, remaining_max):
+        return remaining_natural, remaining_natural - 1, "stop"
+    if remaining_max <= 1 + accepted:
+        return remaining_max, accepted, "length"
+    return 1 + accepted, accepted, None
+
+
+def _emit_tokens(req: SimRequest, n_emit: int, *, ends_on_eos: bool) -> tuple[list[str], list[int]]:
+    """Draw the step's tokens from the request's text stream; an EOS (empty text) replaces the last one."""
+    texts: list[str] = []
+    ids: list[int] = []
+    for i in range(n_emit):
+        if ends_on_eos and i == n_emit - 1:
+            texts.append("")
+            ids.append(EOS_TOKEN_ID)
+        else:
+            piece, tid = req.text.next()
+            texts.append(piece)
+            ids.append(tid)
+    return texts, ids
+
+
+def _record_verification(truth: RequestTruth, drafted: int, accepted: int, n_emit: int, prefill: bool) -> None:
+    """Add one step's drafts, counted acceptances and emitted tokens to the request's truth."""
+    if drafted:
+        for pos in range(accepted):
+            truth.per_position[pos] += 1
+        truth.drafts += 1
+        truth.draft_tokens += drafted
+        truth.counted_accepted += accepted
+        truth.per_step_accepted.append(accepted)
+        truth.per_step_drafted.append(drafted)
+    if not prefill:
+        truth.accepted += n_emit - 1
+    truth.step_emitted.append(n_emit)
+
+
+def _stamp_token_times(req: SimRequest, prefill: bool, now_s: float) -> tuple[float | None, float | None, float | None]:
+    """Record that tokens arrived now; return (time to first token, inter-token latency, queue time)."""
+    truth = req.truth
+    ttft = itl = queue = None
+    if prefill:
+        truth.first_token_at_s = now_s
+        submitted = truth.submitted_at_s if truth.submitted_at_s is not None else now_s
+        ttft = now_s - submitted
+        queue = (truth.admitted_at_s if truth.admitted_at_s is not None else now_s) - submitted
+    elif req.last_token_at_s is not None:
+        itl = now_s - req.last_token_at_s
+    req.last_token_at_s = now_s
+    return ttft, itl, queue
