@@ -13,8 +13,9 @@ import pytest
 
 from specproxy.sim.config import DEFAULT_PROFILES, Profile, SimConfig, load_profiles
 from specproxy.sim.corpus import CODE_LINES, EN_SENTENCES, EOS_TOKEN_ID, TokenSource, classify
-from specproxy.sim.engine import EngineCore, SimRequest, StepReport, new_request
+from specproxy.sim.engine import EngineCore, SimRequest, new_request
 from specproxy.sim.faults import parse_faults
+from specproxy.sim.records import StepReport
 
 LONG = {name: replace(p, min_output_tokens=1500, max_output_tokens=1500) for name, p in DEFAULT_PROFILES.items()}
 

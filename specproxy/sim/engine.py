@@ -11,6 +11,7 @@ step gives 1 + accepted tokens, where draft position i is accepted with the prof
 only if position i-1 was. A request cut by max_tokens still counts all of its last step's accepted drafts in
 the counters and its per-request stats, as vLLM does (the scheduler counts before the stop check truncates).
 A request that stops by itself ends exactly on its EOS, so the counters agree with what was emitted.
+The records it fills in (truth, totals, step outputs and reports) are defined in records.py.
 """
 
 from __future__ import annotations
@@ -18,80 +19,11 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specproxy.sim.config import Profile, SimConfig
 from specproxy.sim.corpus import EOS_TOKEN_ID, TokenSource
-
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
-
-
-@dataclass(slots=True)
-class RequestTruth:
-    """What really happened to one request. Times are seconds on the caller's clock (server: since start)."""
-
-    id: str
-    kind: str
-    profile: str
-    engine: int
-    prompt_tokens: int
-    max_tokens: int
-    natural_tokens: int
-    started_at_s: float
-    stream: bool = False
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    accepted: int = 0
-    counted_accepted: int = 0
-    drafts: int = 0
-    draft_tokens: int = 0
-    per_position: list[int] = field(default_factory=list)
-    per_step_accepted: list[int] = field(default_factory=list)
-    per_step_drafted: list[int] = field(default_factory=list)
-    step_emitted: list[int] = field(default_factory=list)
-    aborted: bool = False
-    aborted_at_s: float | None = None
-    submitted_at_s: float | None = None
-    admitted_at_s: float | None = None
-    first_token_at_s: float | None = None
-    finished_at_s: float | None = None
-
-    def as_json(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    def summary(self) -> dict[str, object]:
-        return {
-            "id": self.id,
-            "profile": self.profile,
-            "engine": self.engine,
-            "completion_tokens": self.completion_tokens,
-            "finish_reason": self.finish_reason,
-            "counted_accepted": self.counted_accepted,
-            "aborted": self.aborted,
-        }
-
-
-@dataclass(slots=True)
-class Totals:
-    """What one engine's /metrics counters should show since the last reset."""
-
-    k: int
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    per_position: list[int] = field(default_factory=list)
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    read_bytes: int = 0
-    steps: int = 0
-    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
-
-    def __post_init__(self) -> None:
-        if not self.per_position:
-            self.per_position = [0] * self.k
-
-    def as_json(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+from specproxy.sim.records import RequestTruth, StepOutput, StepReport, Totals
 
 
 @dataclass(slots=True)
@@ -110,38 +42,6 @@ class SimRequest:
     @property
     def id(self) -> str:
         return self.truth.id
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """One request's share of one step, as the API server receives it."""
-
-    request_id: str
-    texts: tuple[str, ...]
-    token_ids: tuple[int, ...]
-    drafted: int
-    accepted_counted: int
-    completion_tokens: int
-    finish_reason: str | None
-    prefill: bool
-    ttft_s: float | None
-    itl_s: float | None
-    e2e_s: float | None
-    queue_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class StepReport:
-    """Everything one step changed, for the metrics layer."""
-
-    engine: int
-    outputs: tuple[StepOutput, ...]
-    drafts: int
-    draft_tokens: int
-    accepted: int
-    per_position: tuple[int, ...]
-    prompt_tokens: int
-    read_bytes: int
 
 
 def step_time_s(cfg: SimConfig, batch_size: int, max_drafted: int, prefill_tokens: int) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from specproxy.sim.engine import FINISH_REASONS, StepReport
+from specproxy.sim.records import FINISH_REASONS, StepReport
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -14,9 +14,10 @@ import time
 from collections import OrderedDict
 
 from specproxy.sim.config import SimConfig
-from specproxy.sim.engine import EngineCore, RequestTruth, SimRequest, StepOutput, Totals, new_request
+from specproxy.sim.engine import EngineCore, SimRequest, new_request
 from specproxy.sim.faults import Faults, parse_faults
 from specproxy.sim.metrics import SimMetrics
+from specproxy.sim.records import RequestTruth, StepOutput, Totals
 from specproxy.sim.wire import ParsedRequest
 
 # None on a queue means the server is shutting down.

@@ -14,7 +14,7 @@ import orjson
 
 from specproxy.sim.config import SimConfig
 from specproxy.sim.corpus import approx_tokens, classify
-from specproxy.sim.engine import RequestTruth
+from specproxy.sim.records import RequestTruth
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
