@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from specproxy.sim.config import DEFAULT_PROFILES, Profile, SimConfig, load_profiles
-from specproxy.sim.corpus import CODE_LINES, EN_SENTENCES, EOS_TOKEN_ID, TokenSource, classify
+from specproxy.sim.corpus import CODE_LINES, EN_SENTENCES, EOS_TOKEN_ID, TokenStream, classify
 from specproxy.sim.engine import EngineCore, SimRequest, new_request
 from specproxy.sim.faults import parse_faults
 from specproxy.sim.records import StepReport
@@ -209,12 +209,12 @@ def test_classifier_and_corpus() -> None:
     for corpus in ("code", "ja", "en"):
         import random
 
-        src = TokenSource(corpus, random.Random(1))
+        src = TokenStream(corpus, random.Random(1))
         pieces = [src.next()[0] for _ in range(300)]
         assert all(pieces) and max(len(p) for p in pieces) <= 12
         if corpus == "ja":
             assert all(len(p) <= 3 for p in pieces)
-    assert "".join(TokenSource("en", random.Random(2)).next()[0] for _ in range(5))
+    assert "".join(TokenStream("en", random.Random(2)).next()[0] for _ in range(5))
     assert len(CODE_LINES) >= 30 and len(EN_SENTENCES) >= 30
 
 

@@ -159,7 +159,7 @@ def token_id(piece: str) -> int:
     return 1000 + zlib.crc32(piece.encode()) % 48000
 
 
-class TokenSource:
+class TokenStream:
     """An endless, seeded stream of (text, id) tokens in one corpus."""
 
     __slots__ = ("_buffer", "_corpus", "_rng", "_started")

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from specproxy.sim.config import Profile, SimConfig
-from specproxy.sim.corpus import EOS_TOKEN_ID, TokenSource
+from specproxy.sim.corpus import EOS_TOKEN_ID, TokenStream
 from specproxy.sim.records import RequestTruth, StepOutput, StepReport, Totals
 
 
@@ -32,7 +32,7 @@ class SimRequest:
 
     truth: RequestTruth
     profile: Profile
-    text: TokenSource
+    text: TokenStream
     accept_rng: random.Random
     emitted: int = 0
     prefilled: bool = False
@@ -88,7 +88,7 @@ def new_request(
         started_at_s=started_at_s,
         per_position=[0] * cfg.k,
     )
-    return SimRequest(truth=truth, profile=profile, text=TokenSource(profile.corpus, text_rng), accept_rng=accept_rng)
+    return SimRequest(truth=truth, profile=profile, text=TokenStream(profile.corpus, text_rng), accept_rng=accept_rng)
 
 
 class EngineCore:
