@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -114,9 +116,10 @@ async def test_repeat_runs_the_same_plan_n_times_and_reports_medians(tmp_path: P
     assert per_repeat[0] == per_repeat[1] == per_repeat[2]  # the same plan every time
     assert len({r["run_id"] for r in records}) == 1
     for w in outcome.summary.workloads:
-        assert w.repeats == 3 and w.decode_tok_s.n == 3
-        assert w.decode_tok_s.min is not None and w.decode_tok_s.max is not None
-        assert w.decode_tok_s.min <= (w.decode_tok_s.value or 0) <= w.decode_tok_s.max
+        decode = w.figures["decode_tok_s_p50"]
+        assert w.repeats == 3 and decode.n == 3
+        assert decode.min is not None and decode.max is not None
+        assert decode.min <= (decode.value or 0) <= decode.max
     text = format_summary(outcome.summary)
     assert "medians over 3 repeats" in text and "code_agent" in text and "ja_chat" in text
 
@@ -186,3 +189,28 @@ async def test_workers_split_the_plan_and_merge_records(tmp_path: Path) -> None:
 def test_max_overlap_counts_touching_spans_once() -> None:
     assert max_overlap([(0, 1), (1, 2), (2, 3)]) == 1
     assert max_overlap(list(itertools.repeat((0.0, 1.0), 3))) == 3
+
+
+async def test_run_summary_is_the_report_for_the_same_file(tmp_path: Path) -> None:
+    """The figures `specproxy run` prints at the end are `specproxy report --by workload` on its record file."""
+    out = tmp_path / "run.jsonl"
+    async with running_sim(SIM) as sim:
+        spec = make_spec(sim.url, workloads=("ja_chat", "code_agent"), requests=8, max_tokens=16, repeat=2)
+        outcome = await go(spec, out)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "specproxy", "report", str(out), "--by", "workload", "--format", "json",
+        stdout=asyncio.subprocess.PIPE, cwd=tmp_path,
+    )  # fmt: skip
+    stdout, _ = await proc.communicate()
+    assert proc.returncode == 0
+    report = {g["key"]["workload"]: g for g in orjson.loads(stdout)["groups"]}
+    summary = {g.get("workload"): g for g in outcome.summary.workloads}
+    assert list(summary) == ["ja_chat", "code_agent"] == list(report)
+    for w, g in summary.items():
+        assert g.repeats == report[w]["repeats"] == 2 and g.requests == report[w]["requests"]
+        assert {name: fig.as_dict() for name, fig in g.figures.items()} == report[w]["figures"]
+        assert g.figure("decode_tok_s_p50") and g.figure("acceptance_rate") is not None
+    printed = format_summary(outcome.summary)
+    for w, g in report.items():
+        decode = g["figures"]["decode_tok_s_p50"]["value"]
+        assert f"{decode:.1f}" in next(line for line in printed.splitlines() if line.startswith(w))
