@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specproxy.core.record import SCHEMA_VERSION, Record, dumps
+from specproxy.core.record import SCHEMA_VERSION, Record, as_record, dumps
 
 T0 = 1_700_000_000.0  # started_at of the first request of every factory run
 
@@ -93,45 +93,47 @@ def make_record(
                 "counters": counters,
             },
         }
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "request_id": request_id,
-        "upstream_id": f"chatcmpl-{request_id}",
-        "started_at": started_at,
-        "workload": workload,
-        "label": label,
-        "run_id": run_id,
-        "repeat": repeat,
-        "method": "POST",
-        "path": "/v1/chat/completions",
-        "model": "sim-model",
-        "status": 200 if outcome == "ok" else 500,
-        "stream": True,
-        "outcome": outcome,
-        "error": None if outcome == "ok" else "upstream said no",
-        "finish_reason": "stop" if outcome == "ok" else None,
-        "truncated": False,
-        "prompt_tokens": 20,
-        "completion_tokens": total,
-        "token_source": "usage",
-        "ttft_s": ttft_s,
-        "e2e_s": chunks[-1][0] + tail_s,
-        "decode_tok_s": (total - 1) / span if span > 0 else None,
-        "tpot_s": span / (total - 1) if total > 1 else None,
-        "upstream_headers_s": ttft_s / 2,
-        "chunks": chunks,
-        "events": len(chunks) + 1,
-        "reads": len(chunks) + 1,
-        "multi_event_reads": 0,
-        "keepalives": 0,
-        "chunks_are_steps": chunks_are_steps,
-        "flags": list(flags),
-        "proxy_overhead_s": {"mean": 0.0001, "max": 0.0002, "count": len(chunks)},
-        "spec": spec,
-        "request": request,
-        "response_text": response_text,
-        "replay_of": replay_of,
-    }
+    return as_record(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "request_id": request_id,
+            "upstream_id": f"chatcmpl-{request_id}",
+            "started_at": started_at,
+            "workload": workload,
+            "label": label,
+            "run_id": run_id,
+            "repeat": repeat,
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "model": "sim-model",
+            "status": 200 if outcome == "ok" else 500,
+            "stream": True,
+            "outcome": outcome,
+            "error": None if outcome == "ok" else "upstream said no",
+            "finish_reason": "stop" if outcome == "ok" else None,
+            "truncated": False,
+            "prompt_tokens": 20,
+            "completion_tokens": total,
+            "token_source": "usage",
+            "ttft_s": ttft_s,
+            "e2e_s": chunks[-1][0] + tail_s,
+            "decode_tok_s": (total - 1) / span if span > 0 else None,
+            "tpot_s": span / (total - 1) if total > 1 else None,
+            "upstream_headers_s": ttft_s / 2,
+            "chunks": chunks,
+            "events": len(chunks) + 1,
+            "reads": len(chunks) + 1,
+            "multi_event_reads": 0,
+            "keepalives": 0,
+            "chunks_are_steps": chunks_are_steps,
+            "flags": list(flags),
+            "proxy_overhead_s": {"mean": 0.0001, "max": 0.0002, "count": len(chunks)},
+            "spec": spec,
+            "request": request,
+            "response_text": response_text,
+            "replay_of": replay_of,
+        }
+    )
 
 
 def profile_records(

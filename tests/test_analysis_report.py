@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from specproxy.analysis.acceptance import pool_acceptance
 from specproxy.analysis.aggregate import build_report, in_flight
 from specproxy.commands.analysis import register
-from specproxy.core.record import Record
+from specproxy.core.record import Record, parse_line
 from tests.analysisutil import T0, make_record, write_run
 
 
@@ -102,10 +102,17 @@ def test_repeats_give_the_median_over_repeats_and_the_spread() -> None:
 
 
 def test_records_missing_fields_are_tolerated() -> None:
-    old: Record = {"schema_version": 1, "request_id": "x", "outcome": "ok", "chunks": [[0.1, 1], [0.2, 2], "junk"]}
-    nonstream: Record = {"request_id": "y", "outcome": "ok", "stream": False, "spec": {"source": None}, "e2e_s": 1.0}
+    old = parse_line(
+        b'{"schema_version": 1, "request_id": "x", "outcome": "ok", "chunks": [[0.1, 1], [0.2, 2], "junk"]}'
+    )
+    nonstream = parse_line(
+        b'{"request_id": "y", "outcome": "ok", "stream": false, "spec": {"source": null}, "e2e_s": 1.0,'
+        b' "ttft_s": "soon", "completion_tokens": true, "flags": "none"}'
+    )
+    assert old is not None and nonstream is not None
+    assert (nonstream["ttft_s"], nonstream["completion_tokens"], nonstream["flags"]) == (None, None, [])
     g = build_report([old, nonstream]).groups[0]
-    assert dict(g.key) == {"workload": "(none)", "label": "(none)"}
+    assert dict(g.key) == {"workload": "default", "label": "(none)"}  # the recorder's workload when none applies
     assert g.figure("decode_tok_s_p50") == pytest.approx(20.0)  # from the chunks: 2 tokens over 100 ms
     assert g.figure("acceptance_rate") is None
     assert g.acceptance.sources == {"none": 1}

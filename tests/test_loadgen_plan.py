@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from specproxy.attribution.counts import SpecCounts
+from specproxy.core.record import Record, as_record
 from specproxy.loadgen.plan import (
     STREAM_OPTIONS,
     BodyOptions,
@@ -22,7 +23,7 @@ from specproxy.loadgen.plan import (
 )
 from specproxy.loadgen.progress import Progress, merge, render
 from specproxy.loadgen.replay import plan_replay
-from specproxy.loadgen.summary import format_summary, summarize_run
+from specproxy.loadgen.summary import acceptance_source, format_summary, summarize_run
 from specproxy.workloads import Workload, WorkloadItem, load_workload
 
 
@@ -114,11 +115,11 @@ def test_run_id_of_a_plan_is_stable_and_depends_on_it() -> None:
     assert plan_run_id([ja], (100, 1)) != plan_run_id([ja], (100, 2))
 
 
-def rec(rid: str, t: float, **kw: Any) -> dict[str, Any]:
+def rec(rid: str, t: float, **kw: Any) -> Record:
     base: dict[str, Any] = {"request_id": rid, "started_at": t, "workload": "w", "method": "POST",
                             "path": "/v1/chat/completions", "request": {"model": "x", "messages": []}}  # fmt: skip
     base.update(kw)
-    return base
+    return as_record(base)
 
 
 def test_replay_plan_orders_by_start_scales_gaps_and_counts_what_it_cannot_send() -> None:
@@ -142,11 +143,11 @@ def test_replay_plan_orders_by_start_scales_gaps_and_counts_what_it_cannot_send(
     assert [o for o, _ in plan_replay(records, speed=None).timed] == [0.0, 0.0, 0.0]
 
 
-def summary_record(workload: str, repeat: int, tok_s: float, accepted: int, outcome: str = "ok") -> dict[str, Any]:
-    return {"workload": workload, "repeat": repeat, "outcome": outcome, "decode_tok_s": tok_s, "ttft_s": 0.1,
-            "started_at": 100.0 + repeat, "e2e_s": 1.0, "completion_tokens": 11,
-            "chunks": [[0.1, 1], [0.2, 2], [0.3, 4]],
-            "spec": {"source": "chunks", "accepted": accepted, "drafts": 2, "draft_tokens": 6}}  # fmt: skip
+def summary_record(workload: str, repeat: int, tok_s: float, accepted: int, outcome: str = "ok") -> Record:
+    return as_record({"request_id": f"{workload}-{repeat}-{outcome}", "workload": workload, "repeat": repeat,
+                      "outcome": outcome, "decode_tok_s": tok_s, "ttft_s": 0.1, "started_at": 100.0 + repeat,
+                      "e2e_s": 1.0, "completion_tokens": 11, "chunks": [[0.1, 1], [0.2, 2], [0.3, 4]],
+                      "spec": {"source": "chunks", "accepted": accepted, "drafts": 2, "draft_tokens": 6}})  # fmt: skip
 
 
 def test_summary_takes_medians_over_repeats() -> None:
@@ -154,11 +155,12 @@ def test_summary_takes_medians_over_repeats() -> None:
     records.append(summary_record("w", 1, 0.0, 0, outcome="timeout"))
     s = summarize_run(records, lags_s=[0.001, 0.002, 0.003], order=["w", "unused"])
     (w,) = s.workloads
-    assert (w.requests, w.ok, w.errors, w.repeats) == (4, 3, 1, 3)
-    assert (w.decode_tok_s.value, w.decode_tok_s.min, w.decode_tok_s.max) == (20, 10, 30)
-    assert w.acceptance_rate.value == pytest.approx(0.5)  # repeats give 3/6, 6/6, 0/6
-    assert w.acceptance_source == "chunks"
-    assert w.itl_s_p50.value == pytest.approx(0.025) and w.step_s_p50.value == pytest.approx(0.1)
+    assert (w.requests, w.outcomes["ok"], w.errors, w.repeats) == (4, 3, 1, 3)
+    decode = w.figures["decode_tok_s_p50"]
+    assert (decode.value, decode.min, decode.max) == (20, 10, 30)
+    assert w.figure("acceptance_rate") == pytest.approx(0.5)  # repeats give 3/6, 6/6, 0/6
+    assert acceptance_source(w) == "chunks"
+    assert w.figure("itl_s_p50") == pytest.approx(0.025) and w.figure("step_s_p50") == pytest.approx(0.1)
     text = format_summary(s)
     assert "medians over 3 repeats" in text and "20.0 (10.0-30.0)" in text and "send lag" in text
     assert s.failed == 1

@@ -65,7 +65,7 @@ async def test_rotation_keeps_every_record_in_order(tmp_path: Path) -> None:
 def test_older_schema_is_upgraded_and_newer_refused(tmp_path: Path) -> None:
     v0 = {"request_id": "abc", "timeline": [[0.1, 1], [0.2, 3]], "workload": "w"}
     rec = parse_line(orjson.dumps(v0))
-    assert rec is not None and rec["schema_version"] == 1 and rec["chunks"] == [[0.1, 1], [0.2, 3]]
+    assert rec is not None and rec["schema_version"] == 1 and rec["chunks"] == [(0.1, 1), (0.2, 3)]
     assert rec["label"] is None
     with pytest.raises(RecordError, match="newer"):
         parse_line(orjson.dumps({"request_id": "x", "schema_version": 99}))

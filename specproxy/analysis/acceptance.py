@@ -12,34 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from specproxy.core.record import Record
-
-
-def num(value: Any) -> float | None:
-    """A JSON number as float; None for null, booleans, strings and anything else (old or partial records)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def as_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def chunks_of(rec: Record) -> list[tuple[float, int]]:
-    """The record's ``chunks`` as ``[(offset_s, tokens)]``; malformed entries are skipped."""
-    out: list[tuple[float, int]] = []
-    raw = rec.get("chunks")
-    if not isinstance(raw, list):
-        return out
-    for item in raw:
-        if isinstance(item, list | tuple) and len(item) >= 2:
-            t, n = num(item[0]), num(item[1])
-            if t is not None and n is not None:
-                out.append((t, int(n)))
-    return out
+from specproxy.attribution.counts import SpecCounts
+from specproxy.core.record import Estimate, Record, SpecBlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +22,8 @@ class Reconciliation:
     """Per-request estimates (server, else chunks) against the counters' attribution, over the same requests."""
 
     requests: int
-    per_request_accepted: float
-    counters_accepted: float
-    per_request_draft_tokens: float
-    counters_draft_tokens: float
+    per_request: SpecCounts
+    counters: SpecCounts
 
     @staticmethod
     def _gap(ours: float, counters: float) -> float | None:
@@ -59,11 +32,11 @@ class Reconciliation:
     @property
     def accepted_gap_pct(self) -> float | None:
         """(counters - per-request) / per-request in percent: positive when the counters saw more."""
-        return self._gap(self.per_request_accepted, self.counters_accepted)
+        return self._gap(self.per_request.accepted, self.counters.accepted)
 
     @property
     def draft_tokens_gap_pct(self) -> float | None:
-        return self._gap(self.per_request_draft_tokens, self.counters_draft_tokens)
+        return self._gap(self.per_request.draft_tokens, self.counters.draft_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,60 +73,50 @@ def _tokens_per_step_from_chunks(rec: Record) -> Counter[int]:
     # Only for records without a spec block (e.g. a run without speculation): every decode step after the
     # prefill chunk, when chunks are steps.
     hist: Counter[int] = Counter()
-    if rec.get("chunks_are_steps") is True:
-        steps = [n for _, n in chunks_of(rec) if n > 0]
+    if rec["chunks_are_steps"]:
+        steps = [n for _, n in rec["chunks"] if n > 0]
         hist.update(steps[1:])
     return hist
 
 
 def pool_acceptance(records: Iterable[Record]) -> Acceptance:
-    accepted = drafts = draft_tokens = 0.0
-    per_position: list[float] = []
+    counts = SpecCounts()
     sources: Counter[str] = Counter()
     hist: Counter[int] = Counter()
     ks: Counter[int] = Counter()
     spec_requests = 0
     rec_n = 0
-    rec_ours = [0.0, 0.0]
-    rec_counters = [0.0, 0.0]
+    rec_ours = SpecCounts()
+    rec_counters = SpecCounts()
     for rec in records:
-        spec = rec.get("spec")
-        if not isinstance(spec, dict):
+        spec = rec["spec"]
+        if spec is None:
             hist.update(_tokens_per_step_from_chunks(rec))
             continue
         spec_requests += 1
-        source = spec.get("source")
-        sources[source if isinstance(source, str) else "none"] += 1
-        accepted += num(spec.get("accepted")) or 0.0
-        drafts += num(spec.get("drafts")) or 0.0
-        draft_tokens += num(spec.get("draft_tokens")) or 0.0
-        _add_positions(per_position, spec.get("per_position"))
-        k = num(spec.get("k"))
+        source = spec["source"]
+        sources[source if source is not None else "none"] += 1
+        counts = counts + _counts(spec)
+        k = spec["k"]
         if k is not None and k > 0:
             ks[int(k)] += 1
-        for key, n in as_dict(spec.get("tokens_per_step")).items():
-            count = num(n)
-            if str(key).isdigit() and count is not None:
-                hist[int(key)] += int(count)
-        est = as_dict(spec.get("estimates"))
-        ours = est.get("server") if isinstance(est.get("server"), dict) else est.get("chunks")
-        counters = est.get("counters")
+        for key, n in spec["tokens_per_step"].items():
+            hist[int(key)] += n
+        est = spec["estimates"]
+        ours = est["server"] if est["server"] is not None else est["chunks"]
+        counters = est["counters"]
         # Only records that had a figure to report: a run without speculation has empty estimates.
-        if isinstance(source, str) and isinstance(ours, dict) and isinstance(counters, dict):
+        if source is not None and ours is not None and counters is not None:
             rec_n += 1
-            rec_ours[0] += num(ours.get("accepted")) or 0.0
-            rec_ours[1] += num(ours.get("draft_tokens")) or 0.0
-            rec_counters[0] += num(counters.get("accepted")) or 0.0
-            rec_counters[1] += num(counters.get("draft_tokens")) or 0.0
-    reconciliation = (
-        Reconciliation(rec_n, rec_ours[0], rec_counters[0], rec_ours[1], rec_counters[1]) if rec_n else None
-    )
+            rec_ours = rec_ours + _counts(ours)
+            rec_counters = rec_counters + _counts(counters)
+    reconciliation = Reconciliation(rec_n, rec_ours, rec_counters) if rec_n else None
     return Acceptance(
         spec_requests=spec_requests,
-        accepted=accepted,
-        drafts=drafts,
-        draft_tokens=draft_tokens,
-        per_position=tuple(per_position),
+        accepted=counts.accepted,
+        drafts=counts.drafts,
+        draft_tokens=counts.draft_tokens,
+        per_position=counts.per_position,
         sources=dict(sources),
         tokens_per_step=dict(sorted(hist.items())),
         reconciliation=reconciliation,
@@ -161,15 +124,10 @@ def pool_acceptance(records: Iterable[Record]) -> Acceptance:
     )
 
 
-def _add_positions(into: list[float], raw: Any) -> None:
-    if not isinstance(raw, list):
-        return
-    for i, v in enumerate(raw):
-        x = num(v) or 0.0
-        if i < len(into):
-            into[i] += x
-        else:
-            into.append(x)
+def _counts(est: SpecBlock | Estimate) -> SpecCounts:
+    return SpecCounts(
+        est["accepted"] or 0.0, est["drafts"] or 0.0, est["draft_tokens"] or 0.0, tuple(est["per_position"])
+    )
 
 
 def conditional_rates(records: Iterable[Record]) -> tuple[float, ...]:
@@ -181,14 +139,13 @@ def conditional_rates(records: Iterable[Record]) -> tuple[float, ...]:
     numer: list[float] = []
     denom: list[float] = []
     for rec in records:
-        spec = rec.get("spec")
-        if not isinstance(spec, dict):
+        spec = rec["spec"]
+        if spec is None:
             continue
-        drafts = num(spec.get("drafts")) or 0.0
-        raw = spec.get("per_position")
-        if drafts <= 0 or not isinstance(raw, list):
+        drafts = spec["drafts"] or 0.0
+        pp = spec["per_position"]
+        if drafts <= 0:
             continue
-        pp = [num(v) or 0.0 for v in raw]
         for i, a in enumerate(pp):
             if i == len(numer):
                 numer.append(0.0)

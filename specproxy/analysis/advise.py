@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from specproxy.analysis.acceptance import (
     Acceptance,
-    as_dict,
     conditional_rates,
     expected_tokens_per_step,
     pool_acceptance,
@@ -154,18 +153,19 @@ def _thinking(records: Sequence[Record]) -> tuple[int, int]:
     """(requests that turned thinking on, responses that contain reasoning)."""
     asked = shown = 0
     for r in records:
-        kwargs = as_dict(as_dict(r.get("request")).get("chat_template_kwargs"))
-        if kwargs.get("enable_thinking") is True:
+        body = r["request"]
+        kwargs = body.get("chat_template_kwargs") if isinstance(body, dict) else None
+        if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is True:
             asked += 1
-        text = r.get("response_text")
-        if isinstance(text, str) and "<think>" in text and "<think></think>" not in text.replace("\n", ""):
+        text = r["response_text"]
+        if text is not None and "<think>" in text and "<think></think>" not in text.replace("\n", ""):
             shown += 1
     return asked, shown
 
 
 def warnings_for(records: Sequence[Record], acc: Acceptance) -> list[str]:
     out: list[str] = []
-    zero_flagged = sum(1 for r in records if "spec_zero_acceptance" in (r.get("flags") or []))
+    zero_flagged = sum(1 for r in records if "spec_zero_acceptance" in r["flags"])
     if acc.draft_tokens > 0 and (acc.acceptance_rate or 0.0) < ZERO_ACCEPTANCE:
         out.append(f"{WARN_BROKEN_HEAD} ({acc.accepted:.0f} of {acc.draft_tokens:.0f} draft tokens accepted)")
     elif zero_flagged:
@@ -181,12 +181,11 @@ def warnings_for(records: Sequence[Record], acc: Acceptance) -> list[str]:
             f"{shown} responses contain <think> reasoning: thinking is on (the server's default chat template?); "
             "turn it off if the workload means it off"
         )
-    streamed = [r for r in records if r.get("stream")]
+    streamed = [r for r in records if r["stream"]]
     not_steps = [
         r
         for r in streamed
-        if r.get("chunks_are_steps") is False
-        or {"multi_event_reads", "stream_interval_suspected"} & set(r.get("flags") or [])
+        if not r["chunks_are_steps"] or {"multi_event_reads", "stream_interval_suspected"} & set(r["flags"])
     ]
     if not_steps:
         out.append(

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specproxy.analysis.acceptance import Acceptance, chunks_of, num, pool_acceptance
-from specproxy.core.record import Record
+from specproxy.analysis.acceptance import Acceptance, pool_acceptance
+from specproxy.core.record import Record, number
 from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
 
 GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "path", "method")
@@ -88,7 +88,7 @@ class Report:
 
 
 def key_value(rec: Record, field: str) -> str:
-    v = rec.get(field)
+    v = rec.get(field)  # one of GROUP_FIELDS, or request_id
     return NONE_KEY if v is None else str(v)
 
 
@@ -106,7 +106,7 @@ def group_records(records: Iterable[Record], by: Sequence[str]) -> dict[tuple[st
 
 def partitions(records: Sequence[Record]) -> list[list[Record]]:
     """One partition per (run_id, repeat) when any record has a repeat index; else one partition of everything."""
-    if all(r.get("repeat") is None for r in records):
+    if all(r["repeat"] is None for r in records):
         return [list(records)]
     parts: dict[tuple[str, str], list[Record]] = {}
     for r in records:
@@ -115,27 +115,26 @@ def partitions(records: Sequence[Record]) -> list[list[Record]]:
 
 
 def is_ok(rec: Record) -> bool:
-    return rec.get("outcome") == "ok"
+    return rec["outcome"] == "ok"
 
 
 def generates(rec: Record) -> bool:
     """A generation request (chat or completions), as opposed to a client's /v1/models or /health call, which a
     proxy records too but which has no tok/s or acceptance."""
-    path = rec.get("path")
-    return bool(rec.get("completion_tokens")) or (isinstance(path, str) and path.endswith("completions"))
+    return bool(rec["completion_tokens"]) or rec["path"].endswith("completions")
 
 
 def request_tok_s(rec: Record) -> float | None:
     """The record's decode tok/s, or the same figure computed from its chunks (older records)."""
-    v = num(rec.get("decode_tok_s"))
-    return v if v is not None else decode_tok_s(chunks_of(rec))
+    v = rec["decode_tok_s"]
+    return v if v is not None else decode_tok_s(rec["chunks"])
 
 
 def request_tpot_s(rec: Record) -> float | None:
-    v = num(rec.get("tpot_s"))
+    v = rec["tpot_s"]
     if v is not None:
         return v
-    rate = decode_tok_s(chunks_of(rec))
+    rate = decode_tok_s(rec["chunks"])
     return 1.0 / rate if rate else None
 
 
@@ -144,7 +143,8 @@ def values(records: Iterable[Record], get: Callable[[Record], float | None]) -> 
 
 
 def field_getter(name: str) -> Callable[[Record], float | None]:
-    return lambda r: num(r.get(name))
+    """A getter of a numeric field chosen at run time (an optional one included)."""
+    return lambda r: number(r.get(name))
 
 
 def gaps(records: Iterable[Record]) -> tuple[list[float], list[float]]:
@@ -152,7 +152,7 @@ def gaps(records: Iterable[Record]) -> tuple[list[float], list[float]]:
     steps: list[float] = []
     tokens: list[float] = []
     for rec in records:
-        s, t = step_and_token_gaps(chunks_of(rec))
+        s, t = step_and_token_gaps(rec["chunks"])
         steps.extend(s)
         tokens.extend(t)
     return steps, tokens
@@ -160,12 +160,8 @@ def gaps(records: Iterable[Record]) -> tuple[list[float], list[float]]:
 
 def output_tok_s(records: Sequence[Record]) -> float | None:
     """Sum of completion tokens over the wall-clock span from the first start to the last end."""
-    spans = [
-        (s, s + e)
-        for r in records
-        if (s := num(r.get("started_at"))) is not None and (e := num(r.get("e2e_s"))) is not None
-    ]
-    tokens = sum(num(r.get("completion_tokens")) or 0.0 for r in records)
+    spans = [(s, s + e) for r in records if (s := r["started_at"]) is not None and (e := r["e2e_s"]) is not None]
+    tokens = sum(r["completion_tokens"] or 0.0 for r in records)
     if not spans:
         return None
     span = max(end for _, end in spans) - min(start for start, _ in spans)
@@ -175,8 +171,8 @@ def output_tok_s(records: Sequence[Record]) -> float | None:
 def scalar_figures(records: Sequence[Record]) -> dict[str, float | None]:
     """Every figure of :data:`FIGURES` for one partition of records."""
     ok = [r for r in records if is_ok(r)]
-    ttft = values(ok, field_getter("ttft_s"))
-    e2e = values(ok, field_getter("e2e_s"))
+    ttft = values(ok, lambda r: r["ttft_s"])
+    e2e = values(ok, lambda r: r["e2e_s"])
     tpot = values(ok, request_tpot_s)
     step, token = gaps(ok)
     acc = pool_acceptance(records)
@@ -210,21 +206,18 @@ def combine(per_partition: Sequence[Mapping[str, float | None]]) -> dict[str, Fi
 
 def summarize_group(key: tuple[tuple[str, str], ...], records: Sequence[Record]) -> GroupReport:
     parts = partitions(records)
-    repeated = any(r.get("repeat") is not None for r in records)
-    token_sources: Counter[str] = Counter()
-    for r in records:
-        src = r.get("token_source")
-        token_sources[src if isinstance(src, str) else "none"] += 1
+    repeated = any(r["repeat"] is not None for r in records)
+    token_sources = Counter(r["token_source"] for r in records)
     return GroupReport(
         key=key,
         requests=len(records),
-        outcomes=dict(Counter(str(r.get("outcome") or "unknown") for r in records)),
+        outcomes=dict(Counter(r["outcome"] for r in records)),
         repeats=len(parts) if repeated else 0,
         figures=combine([scalar_figures(p) for p in parts]),
         acceptance=pool_acceptance(records),
         token_sources=dict(token_sources),
-        chunks_not_steps=sum(1 for r in records if r.get("stream") and r.get("chunks_are_steps") is False),
-        truncated=sum(1 for r in records if r.get("truncated") is True),
+        chunks_not_steps=sum(1 for r in records if r["stream"] and not r["chunks_are_steps"]),
+        truncated=sum(1 for r in records if r["truncated"]),
     )
 
 
@@ -242,7 +235,7 @@ def in_flight(records: Iterable[Record]) -> list[tuple[float, int]]:
     """Step function of requests in flight: ``[(seconds since the first start, count after this instant)]``."""
     events: list[tuple[float, int]] = []
     for r in records:
-        start, e2e = num(r.get("started_at")), num(r.get("e2e_s"))
+        start, e2e = r["started_at"], r["e2e_s"]
         if start is not None and e2e is not None:
             events.append((start, 1))
             events.append((start + e2e, -1))

@@ -19,7 +19,6 @@ from specproxy.analysis.aggregate import (
     generates,
     group_records,
     is_ok,
-    key_value,
     request_tok_s,
     summarize_group,
     values,
@@ -87,8 +86,8 @@ def choose_baseline(by_label: dict[str, list[Record]], asked: str | None) -> tup
 
 
 def _match_key(rec: Record) -> str:
-    replay_of = rec.get("replay_of")
-    return str(replay_of) if replay_of is not None else key_value(rec, "request_id")
+    replay_of = rec["replay_of"]
+    return replay_of if replay_of is not None else rec["request_id"]
 
 
 def _rates_by_request(records: Iterable[Record]) -> dict[str, float]:

@@ -37,7 +37,7 @@ def load_run(path: str | Path) -> list[Record]:
         raise InputError(f"{p}: no records (the file is empty; did the run finish any request?)")
     default = run_name(p)
     for rec in records:
-        if rec.get("label") is None:
+        if rec["label"] is None:
             rec["label"] = default
     return records
 

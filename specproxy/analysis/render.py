@@ -187,11 +187,11 @@ def acceptance_json(a: Acceptance) -> dict[str, Any]:
         if r is None
         else {
             "requests": r.requests,
-            "per_request_accepted": r.per_request_accepted,
-            "counters_accepted": r.counters_accepted,
+            "per_request_accepted": r.per_request.accepted,
+            "counters_accepted": r.counters.accepted,
             "accepted_gap_pct": r.accepted_gap_pct,
-            "per_request_draft_tokens": r.per_request_draft_tokens,
-            "counters_draft_tokens": r.counters_draft_tokens,
+            "per_request_draft_tokens": r.per_request.draft_tokens,
+            "counters_draft_tokens": r.counters.draft_tokens,
             "draft_tokens_gap_pct": r.draft_tokens_gap_pct,
         },
     }

@@ -26,6 +26,7 @@ from specproxy.attribution.estimates import (
     tokens_per_step_histogram,
 )
 from specproxy.attribution.ledger import PARTIAL_DRAFTING_BELOW, CounterAttribution
+from specproxy.core.record import Estimates, SpecBlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,27 +57,27 @@ class Choice:
     tokens_per_step: dict[str, int]
     k: float | None
 
-    def spec_block(self) -> dict[str, Any] | None:
+    def spec_block(self) -> SpecBlock | None:
         """The record's ``spec`` object (docs/records.md)."""
         if self.chosen is None and self.server is None and self.chunks is None and self.counters is None:
             return None
-        base = self.chosen.as_dict() if self.chosen is not None else {}
-        return {
-            "source": self.source,
-            "accepted": base.get("accepted"),
-            "drafts": base.get("drafts"),
-            "draft_tokens": base.get("draft_tokens"),
-            "k": base.get("k") if base.get("k") is not None else self.k,
-            "acceptance_rate": base.get("acceptance_rate"),
-            "mean_acceptance_length": base.get("mean_acceptance_length"),
-            "per_position": base.get("per_position", []),
-            "tokens_per_step": self.tokens_per_step,
-            "estimates": {
-                "server": self.server.as_dict() if self.server else None,
-                "chunks": self.chunks.as_dict() if self.chunks else None,
-                "counters": self.counters.as_dict() if self.counters else None,
-            },
-        }
+        base = self.chosen.as_dict() if self.chosen is not None else None
+        return SpecBlock(
+            source=self.source,
+            accepted=base["accepted"] if base else None,
+            drafts=base["drafts"] if base else None,
+            draft_tokens=base["draft_tokens"] if base else None,
+            k=base["k"] if base and base["k"] is not None else self.k,
+            acceptance_rate=base["acceptance_rate"] if base else None,
+            mean_acceptance_length=base["mean_acceptance_length"] if base else None,
+            per_position=base["per_position"] if base else [],
+            tokens_per_step=self.tokens_per_step,
+            estimates=Estimates(
+                server=self.server.as_dict() if self.server else None,
+                chunks=self.chunks.as_dict() if self.chunks else None,
+                counters=self.counters.as_dict() if self.counters else None,
+            ),
+        )
 
 
 def decide(ev: Evidence) -> Choice:

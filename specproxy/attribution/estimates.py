@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specproxy.attribution.counts import SpecCounts
+from specproxy.core.record import Estimate
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,26 +38,28 @@ class SpecEstimate:
     def approximate(self) -> SpecEstimate:
         return self if not self.exact else replace(self, exact=False)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Estimate:
         c = self.counts
-        return {
-            "accepted": _num(c.accepted),
-            "drafts": _num(c.drafts),
-            "draft_tokens": _num(self.draft_tokens),
-            "per_position": [_num(v) for v in c.per_position],
-            "k": _num(self.k),
-            "exact": self.exact,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_acceptance_length": c.mean_acceptance_length,
-        }
+        return Estimate(
+            accepted=_num(c.accepted),
+            drafts=_num(c.drafts),
+            draft_tokens=_opt_num(self.draft_tokens),
+            per_position=[_num(v) for v in c.per_position],
+            k=_opt_num(self.k),
+            exact=self.exact,
+            acceptance_rate=self.acceptance_rate,
+            mean_acceptance_length=c.mean_acceptance_length,
+        )
 
 
-def _num(v: float | None) -> float | int | None:
+def _num(v: float) -> float:
     """Whole numbers as JSON integers, shares rounded to 4 decimals."""
-    if v is None:
-        return None
     r = round(v)
     return int(r) if abs(v - r) < 1e-9 else round(v, 4)
+
+
+def _opt_num(v: float | None) -> float | None:
+    return None if v is None else _num(v)
 
 
 def per_position_from_steps(accepted_per_step: Iterable[int], k: int) -> tuple[float, ...]:

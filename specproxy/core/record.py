@@ -1,16 +1,19 @@
 """The per-request record: one JSON object per line, written by the proxy and by ``specproxy run``.
 
-The schema is documented in ``docs/records.md``. Every record carries ``schema_version``; readers accept every older
-version by upgrading it through :data:`_UPGRADES` (one converter per version step), so files written by an older
-specproxy keep working. Pure: :func:`parse_line` takes bytes; the thin file reading is :func:`read_records`.
+The schema is documented in ``docs/records.md`` and typed here, once: :class:`Record` and the types of its nested
+objects. Every record carries ``schema_version``; readers accept every older version by upgrading it through
+:data:`_UPGRADES` (one converter per version step), so files written by an older specproxy keep working, and then
+:func:`as_record` gives every field its type (a value of the wrong type in a hand-edited or foreign file reads as
+missing), so readers use the fields as typed. Pure: :func:`parse_line` takes bytes; the thin file reading is
+:func:`read_records`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import orjson
 
@@ -19,14 +22,92 @@ SCHEMA_VERSION = 1
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error")
 SPEC_SOURCES = ("server", "chunks", "counters")
 
-Record = dict[str, Any]
+
+class Estimate(TypedDict):
+    """One source's figure for a request (``SpecEstimate.as_dict``)."""
+
+    accepted: float | None
+    drafts: float | None
+    draft_tokens: float | None
+    per_position: list[float]
+    k: float | None
+    exact: bool
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+
+
+class Estimates(TypedDict):
+    server: Estimate | None
+    chunks: Estimate | None
+    counters: Estimate | None
+
+
+class SpecBlock(TypedDict):
+    source: str | None  # one of SPEC_SOURCES, or None when no estimate applies
+    accepted: float | None
+    drafts: float | None
+    draft_tokens: float | None
+    k: float | None
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    per_position: list[float]
+    tokens_per_step: dict[str, int]  # tokens per decode step (as a string) -> steps
+    estimates: Estimates
+
+
+class Overhead(TypedDict):
+    mean: float
+    max: float
+    count: int
+
+
+class Record(TypedDict):
+    schema_version: int
+    request_id: str
+    upstream_id: str | None
+    started_at: float | None
+    workload: str
+    label: str | None
+    run_id: str | None
+    repeat: int | None
+    method: str
+    path: str
+    model: str | None
+    status: int | None
+    stream: bool
+    outcome: str
+    error: str | None
+    finish_reason: str | None
+    truncated: bool
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    token_source: str
+    ttft_s: float | None
+    e2e_s: float | None
+    decode_tok_s: float | None
+    tpot_s: float | None
+    upstream_headers_s: float | None
+    chunks: list[tuple[float, int]]  # (offset_s, tokens) per token- or text-bearing event; JSON [offset, tokens]
+    events: int
+    reads: int
+    multi_event_reads: int
+    keepalives: int
+    chunks_are_steps: bool
+    flags: list[str]
+    proxy_overhead_s: Overhead | None
+    spec: SpecBlock | None
+    request: Any  # the captured request body (JSON), or None
+    response_text: str | None
+    replay_of: str | None
+    # Optional, not written by the recorder: a measured figure a user may add for `specproxy roofline`.
+    read_bytes_per_token: NotRequired[float | None]
 
 
 class RecordError(ValueError):
     pass
 
 
-def _upgrade_0_to_1(rec: Record) -> Record:
+def _upgrade_0_to_1(rec: dict[str, Any]) -> dict[str, Any]:
     # Version 0 (pre-release) called the chunk timeline "timeline" and had no label.
     rec = dict(rec)
     if "timeline" in rec and "chunks" not in rec:
@@ -36,10 +117,10 @@ def _upgrade_0_to_1(rec: Record) -> Record:
     return rec
 
 
-_UPGRADES: dict[int, Callable[[Record], Record]] = {0: _upgrade_0_to_1}
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _upgrade_0_to_1}
 
 
-def upgrade(rec: Record) -> Record:
+def upgrade(rec: dict[str, Any]) -> dict[str, Any]:
     version = rec.get("schema_version", 0)
     if not isinstance(version, int) or version < 0:
         raise RecordError(f"bad schema_version {version!r}")
@@ -62,7 +143,7 @@ def parse_line(line: bytes) -> Record | None:
         raise RecordError(f"not JSON: {e}") from e
     if not isinstance(obj, dict) or "request_id" not in obj:
         raise RecordError("not a specproxy record (no request_id)")
-    return upgrade(obj)
+    return as_record(upgrade(obj))
 
 
 def record_files(path: Path) -> list[Path]:
@@ -96,6 +177,143 @@ def read_records(path: str | Path) -> Iterator[Record]:
                     raise RecordError(f"{f}:{lineno}: {e}") from e
                 if rec is not None:
                     yield rec
+
+
+# -- typing what was read ------------------------------------------------------------------------------------------
+def number(v: Any) -> float | None:
+    """A JSON number; None for null, booleans, strings and anything else."""
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    return int(v) if isinstance(v, float) and v.is_integer() else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _nums(v: Any) -> list[float]:
+    return [number(x) or 0.0 for x in v] if isinstance(v, list) else []
+
+
+def _chunks(v: Any) -> list[tuple[float, int]]:
+    """``[offset_s, tokens]`` pairs; malformed entries are skipped."""
+    out: list[tuple[float, int]] = []
+    if isinstance(v, list):
+        for item in v:
+            if isinstance(item, list | tuple) and len(item) >= 2:
+                t, n = number(item[0]), number(item[1])
+                if t is not None and n is not None:
+                    out.append((t, int(n)))
+    return out
+
+
+def _estimate(v: Any) -> Estimate | None:
+    if not isinstance(v, Mapping):
+        return None
+    return Estimate(
+        accepted=number(v.get("accepted")),
+        drafts=number(v.get("drafts")),
+        draft_tokens=number(v.get("draft_tokens")),
+        per_position=_nums(v.get("per_position")),
+        k=number(v.get("k")),
+        exact=v.get("exact") is True,
+        acceptance_rate=number(v.get("acceptance_rate")),
+        mean_acceptance_length=number(v.get("mean_acceptance_length")),
+    )
+
+
+def _spec(v: Any) -> SpecBlock | None:
+    if not isinstance(v, Mapping):
+        return None
+    est = v.get("estimates")
+    est = est if isinstance(est, Mapping) else {}
+    hist = v.get("tokens_per_step")
+    return SpecBlock(
+        source=_str(v.get("source")),
+        accepted=number(v.get("accepted")),
+        drafts=number(v.get("drafts")),
+        draft_tokens=number(v.get("draft_tokens")),
+        k=number(v.get("k")),
+        acceptance_rate=number(v.get("acceptance_rate")),
+        mean_acceptance_length=number(v.get("mean_acceptance_length")),
+        per_position=_nums(v.get("per_position")),
+        tokens_per_step={
+            str(key): int(n)
+            for key, n in (hist.items() if isinstance(hist, Mapping) else ())
+            if str(key).isdigit() and number(n) is not None
+        },
+        estimates=Estimates(
+            server=_estimate(est.get("server")),
+            chunks=_estimate(est.get("chunks")),
+            counters=_estimate(est.get("counters")),
+        ),
+    )
+
+
+def _overhead(v: Any) -> Overhead | None:
+    if not isinstance(v, Mapping):
+        return None
+    mean, peak, count = number(v.get("mean")), number(v.get("max")), _int(v.get("count"))
+    if mean is None or peak is None or count is None:
+        return None
+    return Overhead(mean=mean, max=peak, count=count)
+
+
+def as_record(obj: Mapping[str, Any]) -> Record:
+    """A record of the current version with every field of its type: what a reader may rely on. A value of the wrong
+    type reads as missing (null, zero, false or empty); the request's id is the one field that must be there."""
+    rid = obj.get("request_id")
+    if rid is None:
+        raise RecordError("not a specproxy record (no request_id)")
+    flags = obj.get("flags")
+    rec = Record(
+        schema_version=SCHEMA_VERSION,
+        request_id=str(rid),
+        upstream_id=_str(obj.get("upstream_id")),
+        started_at=number(obj.get("started_at")),
+        workload=_str(obj.get("workload")) or "default",
+        label=_str(obj.get("label")),
+        run_id=_str(obj.get("run_id")),
+        repeat=_int(obj.get("repeat")),
+        method=_str(obj.get("method")) or "POST",
+        path=_str(obj.get("path")) or "",
+        model=_str(obj.get("model")),
+        status=_int(obj.get("status")),
+        stream=obj.get("stream") is True,
+        outcome=_str(obj.get("outcome")) or "unknown",
+        error=_str(obj.get("error")),
+        finish_reason=_str(obj.get("finish_reason")),
+        truncated=obj.get("truncated") is True,
+        prompt_tokens=_int(obj.get("prompt_tokens")),
+        completion_tokens=_int(obj.get("completion_tokens")),
+        token_source=_str(obj.get("token_source")) or "none",
+        ttft_s=number(obj.get("ttft_s")),
+        e2e_s=number(obj.get("e2e_s")),
+        decode_tok_s=number(obj.get("decode_tok_s")),
+        tpot_s=number(obj.get("tpot_s")),
+        upstream_headers_s=number(obj.get("upstream_headers_s")),
+        chunks=_chunks(obj.get("chunks")),
+        events=_int(obj.get("events")) or 0,
+        reads=_int(obj.get("reads")) or 0,
+        multi_event_reads=_int(obj.get("multi_event_reads")) or 0,
+        keepalives=_int(obj.get("keepalives")) or 0,
+        chunks_are_steps=obj.get("chunks_are_steps") is True,
+        flags=[f for f in flags if isinstance(f, str)] if isinstance(flags, list) else [],
+        proxy_overhead_s=_overhead(obj.get("proxy_overhead_s")),
+        spec=_spec(obj.get("spec")),
+        request=obj.get("request"),
+        response_text=_str(obj.get("response_text")),
+        replay_of=_str(obj.get("replay_of")),
+    )
+    if "read_bytes_per_token" in obj:
+        rec["read_bytes_per_token"] = number(obj["read_bytes_per_token"])
+    return rec
 
 
 _SECRET_KEY = re.compile(

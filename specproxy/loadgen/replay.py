@@ -53,12 +53,12 @@ def plan_replay(records: Iterable[Record], *, speed: float | None, model: str | 
     keep: list[tuple[float, Record]] = []
     for rec in records:
         recorded += 1
-        started = rec.get("started_at")
-        if str(rec.get("method") or "POST").upper() != "POST":
+        started = rec["started_at"]
+        if rec["method"].upper() != "POST":
             not_post += 1
-        elif not isinstance(rec.get("request"), dict):
+        elif not isinstance(rec["request"], dict):
             no_body += 1
-        elif not isinstance(started, (int, float)) or isinstance(started, bool):
+        elif started is None:
             no_time += 1
         else:
             keep.append((float(started), rec))
@@ -71,9 +71,9 @@ def plan_replay(records: Iterable[Record], *, speed: float | None, model: str | 
             body["model"] = model
         entry = PlannedRequest(
             index=i,
-            workload=str(rec.get("workload") or "default"),
-            item_id=str(rec.get("request_id")),
-            path=str(rec.get("path") or "/v1/chat/completions"),
+            workload=rec["workload"],
+            item_id=rec["request_id"],
+            path=rec["path"] or "/v1/chat/completions",
             body=body,
             replay_of=str(rec["request_id"]),
         )

@@ -22,7 +22,7 @@ import aiohttp
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
-from specproxy.core.record import SCHEMA_VERSION, Record, redact
+from specproxy.core.record import SCHEMA_VERSION, Overhead, Record, redact
 from specproxy.core.stats import step_and_token_gaps
 from specproxy.core.timeline import ResponseTimeline, TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, Tokenizer
@@ -261,43 +261,39 @@ class Recorder:
             )
         )
         flags = [*tl.flags, *choice.flags]
-        rec.update(
-            upstream_id=tl.upstream_id,
-            stream=tl.stream,
-            finish_reason=tl.finish_reason,
-            truncated=tl.finish_reason == "length",
-            prompt_tokens=tl.prompt_tokens,
-            completion_tokens=tl.completion_tokens,
-            token_source=tl.token_source,
-            ttft_s=tl.ttft_s,
-            decode_tok_s=tl.decode_tok_s,
-            tpot_s=tl.tpot_s,
-            upstream_headers_s=(trace.headers_ns - meta.start_ns) / 1e9 if trace.headers_ns else None,
-            chunks=[[round(t, 6), n] for t, n in tl.chunks],
-            events=tl.events,
-            reads=tl.reads,
-            multi_event_reads=tl.multi_event_reads,
-            keepalives=tl.keepalives,
-            chunks_are_steps=choice.chunks_are_steps,
-            flags=flags,
-            proxy_overhead_s=(
-                {
-                    "mean": trace.overhead_ns / trace.overhead_count / 1e9,
-                    "max": trace.overhead_max_ns / 1e9,
-                    "count": trace.overhead_count,
-                }
-                if trace.overhead_count
-                else None
-            ),
-            spec=choice.spec_block(),
-        )
         if tl.stream and outcome == "ok" and not tl.done:
-            rec["flags"].append("no_done_marker")
+            flags.append("no_done_marker")
+        rec["upstream_id"] = tl.upstream_id
+        rec["stream"] = tl.stream
+        rec["finish_reason"] = tl.finish_reason
+        rec["truncated"] = tl.finish_reason == "length"
+        rec["prompt_tokens"] = tl.prompt_tokens
+        rec["completion_tokens"] = tl.completion_tokens
+        rec["token_source"] = tl.token_source
+        rec["ttft_s"] = tl.ttft_s
+        rec["decode_tok_s"] = tl.decode_tok_s
+        rec["tpot_s"] = tl.tpot_s
+        rec["upstream_headers_s"] = (trace.headers_ns - meta.start_ns) / 1e9 if trace.headers_ns else None
+        rec["chunks"] = [(round(t, 6), n) for t, n in tl.chunks]
+        rec["events"] = tl.events
+        rec["reads"] = tl.reads
+        rec["multi_event_reads"] = tl.multi_event_reads
+        rec["keepalives"] = tl.keepalives
+        rec["chunks_are_steps"] = choice.chunks_are_steps
+        rec["flags"] = flags
+        if trace.overhead_count:
+            rec["proxy_overhead_s"] = Overhead(
+                mean=trace.overhead_ns / trace.overhead_count / 1e9,
+                max=trace.overhead_max_ns / 1e9,
+                count=trace.overhead_count,
+            )
+        rec["spec"] = choice.spec_block()
         if self.config.capture == "full":
             rec["response_text"] = tl.response_text
         return rec
 
     def _minimal_record(self, trace: Trace, outcome: str, error: str | None) -> Record:
+        """Every field, with what is known before the response is read: the record of a request that got none."""
         meta = trace.meta
         return {
             "schema_version": SCHEMA_VERSION,
@@ -345,26 +341,24 @@ class Recorder:
         m.requests.labels(w, rec["outcome"]).inc()
         per = self.workload_requests.setdefault(w, {})
         per[rec["outcome"]] = per.get(rec["outcome"], 0) + 1
-        if rec.get("completion_tokens"):
+        if rec["completion_tokens"]:
             m.generated_tokens.labels(w).inc(rec["completion_tokens"])
-        if rec.get("ttft_s") is not None and rec.get("stream"):
+        if rec["ttft_s"] is not None and rec["stream"]:
             m.ttft.labels(w).observe(rec["ttft_s"])
-        if rec.get("decode_tok_s"):
+        if rec["decode_tok_s"]:
             m.decode_tok_s.labels(w).observe(rec["decode_tok_s"])
-        chunks = rec.get("chunks") or []
-        if chunks:
-            steps, toks = step_and_token_gaps([(t, n) for t, n in chunks])
+        if rec["chunks"]:
+            steps, toks = step_and_token_gaps(rec["chunks"])
             step_h, tok_h = m.inter_step.labels(w), m.inter_token.labels(w)
             for g in steps:
                 step_h.observe(g)
             for g in toks:
                 tok_h.observe(g)
-        po = rec.get("proxy_overhead_s")
-        if po:
+        if (po := rec["proxy_overhead_s"]) is not None:
             m.overhead.observe(po["mean"])
-        spec = rec.get("spec")
-        if spec and spec.get("source"):
-            got = SpecCounts(spec.get("accepted") or 0.0, spec.get("drafts") or 0.0, spec.get("draft_tokens") or 0.0)
+        spec = rec["spec"]
+        if spec is not None and spec["source"]:
+            got = SpecCounts(spec["accepted"] or 0.0, spec["drafts"] or 0.0, spec["draft_tokens"] or 0.0)
             for v, counter in (
                 (got.accepted, m.spec_accepted),
                 (got.drafts, m.spec_drafts),
