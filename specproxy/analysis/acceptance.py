@@ -39,34 +39,16 @@ class Reconciliation:
         return self._gap(self.per_request.draft_tokens, self.counters.draft_tokens)
 
 
-@dataclass(frozen=True, slots=True)
-class Acceptance:
-    """Pooled speculative figures of a set of records. Counts are floats: counter attribution shares deltas."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Acceptance(SpecCounts):
+    """Pooled speculative figures of a set of records: the summed counts (and their rates), with what the records
+    said about them. Counts are floats: counter attribution shares deltas."""
 
     spec_requests: int
-    accepted: float
-    drafts: float
-    draft_tokens: float
-    per_position: tuple[float, ...]
     sources: Mapping[str, int]
     tokens_per_step: Mapping[int, int]
     reconciliation: Reconciliation | None
     k: int | None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
-
-    @property
-    def position_rates(self) -> tuple[float, ...]:
-        """Accepted at position i per draft: the unconditional per-position acceptance curve."""
-        if self.drafts <= 0:
-            return ()
-        return tuple(a / self.drafts for a in self.per_position)
 
 
 def _tokens_per_step_from_chunks(rec: Record) -> Counter[int]:
