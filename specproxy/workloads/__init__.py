@@ -572,8 +572,9 @@ def _lines(text: str, source: str) -> Iterator[tuple[str, int, Any]]:
 def _builtin_dir() -> Path:
     # The wheel maps workloads/ to specproxy/_builtin_workloads (pyproject force-include). Look there first: in an
     # installed wheel, ../workloads would be a top-level "workloads" in site-packages, which may be anyone's.
-    packaged = Path(__file__).resolve().parent / "_builtin_workloads"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "workloads"  # a checkout
+    package = Path(__file__).resolve().parent.parent  # specproxy/, this file being specproxy/workloads/__init__.py
+    packaged = package / "_builtin_workloads"
+    return packaged if packaged.is_dir() else package.parent / "workloads"  # a checkout
 
 
 def builtin_names() -> list[str]:
