@@ -11,26 +11,36 @@ Everything here is pure (text in, `Workload` out) except `builtin_names` and `lo
 from __future__ import annotations
 
 import csv
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path, PurePath
 from typing import Any
 
 import orjson
 
+from specproxy.workloads.corpus import (
+    MOONCAKE_BLOCK_TOKENS,
+    CountTokens,
+    PromptCorpus,
+    approx_token_count,
+    trace_item,
+)
+from specproxy.workloads.types import (
+    DEFAULT_MAX_TOKENS,
+    Workload,
+    WorkloadError,
+    WorkloadItem,
+    check,
+    check_name,
+    name_from,
+    positive_int,
+    unique_id,
+)
+
 FORMAT_VERSION = 1
-DEFAULT_MAX_TOKENS = 512
-MAX_NAME_CHARS = 64
-# Mooncake traces hash the prompt in blocks of 512 tokens: equal hash ids mean equal prompt text (a shared prefix).
-MOONCAKE_BLOCK_TOKENS = 512
 FORMATS = ("specproxy", "sharegpt", "jsonl", "mooncake", "azure")
 
-CountTokens = Callable[[str], int]
-
-_NAME_RE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAME_CHARS}}}")
 _SHAREGPT_ROLES = {
     "human": "user",
     "user": "user",
@@ -47,141 +57,67 @@ _TOP_KEYS = {"format_version", "name", "description", "max_tokens", "items"}
 _AZURE_TS_RE = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:?\d{2})?")
 
 
-class WorkloadError(ValueError):
-    """A workload could not be found or read; the message is one line naming the file and where in it."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadItem:
-    """One request. `messages` is always a chat conversation ending with a user turn (or the source's own list).
-
-    `prompt` is set when the source gave a plain prompt (completions style); `body` when it gave a whole OpenAI
-    request body, to be sent as is apart from model and streaming options. `arrival_s` is the offset from the start
-    of a recorded trace; `expected_output_tokens` is the output length the source recorded.
-    """
-
-    id: str
-    messages: tuple[dict[str, Any], ...]
-    max_tokens: int | None = None
-    prompt: str | None = None
-    body: dict[str, Any] | None = None
-    arrival_s: float | None = None
-    expected_output_tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """A named set of requests; `max_tokens` applies to items without their own. `source` says where it came from."""
-
-    name: str
-    description: str
-    max_tokens: int
-    items: tuple[WorkloadItem, ...]
-    source: str
-
-    def max_tokens_for(self, item: WorkloadItem) -> int:
-        return item.max_tokens if item.max_tokens is not None else self.max_tokens
-
-
-def approx_token_count(text: str) -> int:
-    """About one token per 4 ASCII characters and one per other character (CJK text is roughly 1:1)."""
-    ascii_chars = len(text.encode("ascii", "ignore"))
-    return math.ceil(ascii_chars / 4) + (len(text) - ascii_chars)
-
-
 # ---------------------------------------------------------------- the specproxy format
 
 
-def _check(ok: bool, where: str, what: str) -> None:
-    if not ok:
-        raise WorkloadError(f"{where}: {what}")
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def check_name(name: Any, where: str) -> str:
-    _check(
-        isinstance(name, str) and _NAME_RE.fullmatch(name) is not None,
-        where,
-        f"workload name must be 1-{MAX_NAME_CHARS} characters of A-Z a-z 0-9 _ . - (got {name!r})",
-    )
-    return str(name)
-
-
 def _check_conversation(messages: Any, where: str) -> tuple[dict[str, Any], ...]:
-    _check(isinstance(messages, list) and len(messages) > 0, where, "messages must be a non-empty list")
+    check(isinstance(messages, list) and len(messages) > 0, where, "messages must be a non-empty list")
     out: list[dict[str, Any]] = []
     for j, m in enumerate(messages):
         at = f"{where}.messages[{j}]"
-        _check(
+        check(
             isinstance(m, dict) and set(m) == {"role", "content"},
             at,
             'each message must be {"role": ..., "content": ...} and nothing else',
         )
-        _check(isinstance(m["content"], str) and m["content"].strip() != "", at, "content must be a non-empty string")
+        check(isinstance(m["content"], str) and m["content"].strip() != "", at, "content must be a non-empty string")
         # An optional system message, then user and assistant alternating, so a template never sees two in a row.
         first_turn = 1 if messages[0].get("role") == "system" else 0
         expected = "system" if j < first_turn else ("user" if (j - first_turn) % 2 == 0 else "assistant")
-        _check(
+        check(
             m["role"] == expected,
             at,
             f"role must be {expected!r} here (got {m['role']!r}): an optional system message, then user and "
             "assistant turns alternating",
         )
         out.append({"role": m["role"], "content": m["content"]})
-    _check(out[-1]["role"] == "user", where, "the last message must be a user turn")
+    check(out[-1]["role"] == "user", where, "the last message must be a user turn")
     return tuple(out)
 
 
 def parse_specproxy(data: Any, *, source: str) -> Workload:
     """A decoded specproxy workload file (see workloads/README.md). Keys starting with "_" are notes, ignored."""
-    _check(isinstance(data, dict), source, 'a workload file is a JSON object with "name" and "items"')
+    check(isinstance(data, dict), source, 'a workload file is a JSON object with "name" and "items"')
     unknown = sorted(k for k in data if k not in _TOP_KEYS and not k.startswith("_"))
-    _check(not unknown, source, f"unknown keys {unknown}; allowed: {sorted(_TOP_KEYS)}")
+    check(not unknown, source, f"unknown keys {unknown}; allowed: {sorted(_TOP_KEYS)}")
     version = data.get("format_version", FORMAT_VERSION)
-    _check(version == FORMAT_VERSION, source, f"format_version {version!r} is not supported (this reads 1)")
+    check(version == FORMAT_VERSION, source, f"format_version {version!r} is not supported (this reads 1)")
     name = check_name(data.get("name"), source)
     description = data.get("description", "")
-    _check(isinstance(description, str), source, "description must be a string")
+    check(isinstance(description, str), source, "description must be a string")
     max_tokens = data.get("max_tokens", DEFAULT_MAX_TOKENS)
-    _check(_positive_int(max_tokens), source, f"max_tokens must be a positive integer (got {max_tokens!r})")
+    check(positive_int(max_tokens), source, f"max_tokens must be a positive integer (got {max_tokens!r})")
     raw_items = data.get("items")
-    _check(isinstance(raw_items, list) and len(raw_items) > 0, source, "items must be a non-empty list")
+    check(isinstance(raw_items, list) and len(raw_items) > 0, source, "items must be a non-empty list")
     items: list[WorkloadItem] = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_items):
         where = f"{source}: items[{i}]"
-        _check(isinstance(raw, dict), where, "an item must be an object with messages")
+        check(isinstance(raw, dict), where, "an item must be an object with messages")
         unknown = sorted(k for k in raw if k not in _ITEM_KEYS and not k.startswith("_"))
-        _check(not unknown, where, f"unknown keys {unknown}; allowed: {sorted(_ITEM_KEYS)}")
+        check(not unknown, where, f"unknown keys {unknown}; allowed: {sorted(_ITEM_KEYS)}")
         item_id = raw.get("id", f"{name}-{i + 1}")
-        _check(isinstance(item_id, str) and item_id != "", where, "id must be a non-empty string")
-        _check(item_id not in seen, where, f"duplicate id {item_id!r}")
+        check(isinstance(item_id, str) and item_id != "", where, "id must be a non-empty string")
+        check(item_id not in seen, where, f"duplicate id {item_id!r}")
         seen.add(item_id)
         item_max = raw.get("max_tokens")
-        _check(item_max is None or _positive_int(item_max), where, "max_tokens must be a positive integer")
+        check(item_max is None or positive_int(item_max), where, "max_tokens must be a positive integer")
         messages = _check_conversation(raw.get("messages"), f"{where} (id {item_id!r})")
         items.append(WorkloadItem(id=item_id, messages=messages, max_tokens=item_max))
     return Workload(name=name, description=description, max_tokens=max_tokens, items=tuple(items), source=source)
 
 
 # ---------------------------------------------------------------- datasets: ShareGPT, JSONL prompts and bodies
-
-
-def _name_from(source: str) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", PurePath(source).stem)[:MAX_NAME_CHARS]
-    return stem or "workload"
-
-
-def _unique(item_id: str, seen: set[str]) -> str:
-    candidate, n = item_id, 1
-    while candidate in seen:
-        n += 1
-        candidate = f"{item_id}#{n}"
-    seen.add(candidate)
-    return candidate
 
 
 def _sharegpt_messages(turns: Any) -> tuple[list[dict[str, Any]], str | None] | None:
@@ -215,14 +151,14 @@ def parse_sharegpt(data: Any, *, source: str, count_tokens: CountTokens, limit: 
     Each conversation is cut after its last human turn; the reply after it, if any, gives expected_output_tokens.
     Conversations without a human turn or with unknown speakers are skipped and counted in the description.
     """
-    _check(isinstance(data, list), source, 'ShareGPT data is a JSON list of {"conversations": [...]}')
+    check(isinstance(data, list), source, 'ShareGPT data is a JSON list of {"conversations": [...]}')
     items: list[WorkloadItem] = []
     seen: set[str] = set()
     skipped = 0
     for i, entry in enumerate(data):
         if limit is not None and len(items) >= limit:
             break
-        _check(
+        check(
             isinstance(entry, dict) and "conversations" in entry,
             f"{source}: [{i}]",
             'expected {"conversations": [...]} (ShareGPT)',
@@ -233,16 +169,16 @@ def parse_sharegpt(data: Any, *, source: str, count_tokens: CountTokens, limit: 
             continue
         messages, reply = mapped
         raw_id = entry.get("id")
-        item_id = _unique(str(raw_id) if isinstance(raw_id, (str, int)) else f"{i + 1}", seen)
+        item_id = unique_id(str(raw_id) if isinstance(raw_id, (str, int)) else f"{i + 1}", seen)
         items.append(
             WorkloadItem(
                 id=item_id, messages=tuple(messages), expected_output_tokens=count_tokens(reply) if reply else None
             )
         )
-    _check(bool(items), source, f"no usable ShareGPT conversation ({skipped} skipped)")
+    check(bool(items), source, f"no usable ShareGPT conversation ({skipped} skipped)")
     note = f" ({skipped} skipped: no human turn or unknown speaker)" if skipped else ""
     return Workload(
-        name=_name_from(source),
+        name=name_from(source),
         description=f"ShareGPT conversations from {source}{note}",
         max_tokens=DEFAULT_MAX_TOKENS,
         items=tuple(items),
@@ -253,18 +189,18 @@ def parse_sharegpt(data: Any, *, source: str, count_tokens: CountTokens, limit: 
 def _request_item(record: Any, where: str, default_id: str) -> WorkloadItem:
     """One JSONL record: a prompt string, {"prompt": ...}, or an OpenAI chat or completions request body."""
     if isinstance(record, str):
-        _check(record.strip() != "", where, "empty prompt")
+        check(record.strip() != "", where, "empty prompt")
         return WorkloadItem(id=default_id, messages=({"role": "user", "content": record},), prompt=record)
-    _check(
+    check(
         isinstance(record, dict) and ("messages" in record or "prompt" in record),
         where,
         'expected a prompt string, {"prompt": ...}, or an OpenAI request body with "messages" or "prompt"',
     )
     max_tokens = record.get("max_tokens", record.get("max_completion_tokens"))
-    _check(max_tokens is None or _positive_int(max_tokens), where, "max_tokens must be a positive integer")
+    check(max_tokens is None or positive_int(max_tokens), where, "max_tokens must be a positive integer")
     if "messages" in record:
         msgs = record["messages"]
-        _check(
+        check(
             isinstance(msgs, list)
             and len(msgs) > 0
             and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs),
@@ -273,9 +209,9 @@ def _request_item(record: Any, where: str, default_id: str) -> WorkloadItem:
         )
         return WorkloadItem(id=default_id, messages=tuple(msgs), max_tokens=max_tokens, body=record)
     prompt = record["prompt"]
-    _check(isinstance(prompt, str) and prompt.strip() != "", where, "prompt must be a non-empty string")
+    check(isinstance(prompt, str) and prompt.strip() != "", where, "prompt must be a non-empty string")
     item_id = record.get("id", default_id) if set(record) <= _PROMPT_KEYS else default_id
-    _check(isinstance(item_id, str) and item_id != "", where, "id must be a non-empty string")
+    check(isinstance(item_id, str) and item_id != "", where, "id must be a non-empty string")
     body = None if set(record) <= _PROMPT_KEYS else record
     return WorkloadItem(
         id=item_id, messages=({"role": "user", "content": prompt},), max_tokens=max_tokens, prompt=prompt, body=body
@@ -284,17 +220,17 @@ def _request_item(record: Any, where: str, default_id: str) -> WorkloadItem:
 
 def parse_requests(records: Iterable[tuple[str, int, Any]], *, source: str, limit: int | None = None) -> Workload:
     """(where, number, record) triples, each record a prompt or an OpenAI request body; ids are `name:number`."""
-    name = _name_from(source)
+    name = name_from(source)
     items: list[WorkloadItem] = []
     seen: set[str] = set()
     for where, number, record in records:
         if limit is not None and len(items) >= limit:
             break
         item = _request_item(record, where, f"{name}:{number}")
-        _check(item.id not in seen, where, f"duplicate id {item.id!r}")
+        check(item.id not in seen, where, f"duplicate id {item.id!r}")
         seen.add(item.id)
         items.append(item)
-    _check(bool(items), source, "no requests in the file")
+    check(bool(items), source, "no requests in the file")
     return Workload(
         name=name,
         description=f"requests from {source}",
@@ -305,72 +241,6 @@ def parse_requests(records: Iterable[tuple[str, int, Any]], *, source: str, limi
 
 
 # ---------------------------------------------------------------- traces: Mooncake JSONL, Azure CSV
-
-
-class PromptCorpus:
-    """Real text cut to a token length: paragraphs of the built-in workloads, taken in order from a start chosen by a
-    key, so the same key always gives the same text and different keys (up to the paragraph count) start apart."""
-
-    def __init__(self, texts: Iterable[str], count_tokens: CountTokens) -> None:
-        paras: dict[str, None] = {}
-        for text in texts:
-            for p in re.split(r"\n\s*\n", text):
-                if p.strip():
-                    paras[p.strip()] = None
-        self._paras = tuple(paras)
-        _check(bool(self._paras), "prompt corpus", "no text to build prompts from")
-        self._count = count_tokens
-        self._sep_tokens = count_tokens("\n\n")
-        self._para_tokens = tuple(max(1, count_tokens(p)) for p in self._paras)
-        n = len(self._paras)
-        self._stride = next(s for s in range(max(1, int(n * 0.618)), 0, -1) if math.gcd(s, n) == 1)
-        self._blocks: dict[int, str] = {}
-
-    def text(self, key: int, n_tokens: int) -> str:
-        """About `n_tokens` tokens (by the counter) of consecutive paragraphs, the last one cut to fit."""
-        n_tokens = max(1, n_tokens)
-        i = (key * self._stride) % len(self._paras)
-        parts: list[str] = []
-        left = n_tokens
-        while left > 0:
-            cost = self._para_tokens[i] + (self._sep_tokens if parts else 0)
-            if cost <= left:
-                parts.append(self._paras[i])
-                left -= cost
-            else:
-                room = left - (self._sep_tokens if parts else 0)
-                cut = self._cut(self._paras[i], room) if room > 0 else ""
-                if cut:
-                    parts.append(cut)
-                break
-            i = (i + 1) % len(self._paras)
-        return "\n\n".join(parts)
-
-    def block(self, hash_id: int) -> str:
-        if hash_id not in self._blocks:
-            self._blocks[hash_id] = self.text(hash_id, MOONCAKE_BLOCK_TOKENS)
-        return self._blocks[hash_id]
-
-    def _cut(self, para: str, n_tokens: int) -> str:
-        lo, hi = 0, len(para)  # the longest prefix within n_tokens: counts grow with length
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._count(para[:mid]) <= n_tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return para[:lo]
-
-
-def _trace_item(item_id: str, text: str, output_tokens: int, arrival_s: float) -> WorkloadItem:
-    return WorkloadItem(
-        id=item_id,
-        messages=({"role": "user", "content": text},),
-        max_tokens=max(1, output_tokens),
-        prompt=text,
-        arrival_s=arrival_s,
-        expected_output_tokens=output_tokens,
-    )
 
 
 def _trace_int(record: dict[str, Any], key: str, where: str) -> int:
@@ -391,20 +261,20 @@ def parse_mooncake(
     for where, _number, rec in records:
         if limit is not None and len(rows) >= limit:
             break
-        _check(isinstance(rec, dict), where, "expected a Mooncake record object")
+        check(isinstance(rec, dict), where, "expected a Mooncake record object")
         ts = rec.get("timestamp")
-        _check(isinstance(ts, (int, float)) and not isinstance(ts, bool), where, "timestamp (ms) must be a number")
+        check(isinstance(ts, (int, float)) and not isinstance(ts, bool), where, "timestamp (ms) must be a number")
         hash_ids = rec.get("hash_ids", [])
-        _check(
+        check(
             isinstance(hash_ids, list) and all(isinstance(h, int) for h in hash_ids),
             where,
             "hash_ids must be a list of integers",
         )
         in_len, out_len = _trace_int(rec, "input_length", where), _trace_int(rec, "output_length", where)
         rows.append((float(ts), in_len, out_len, hash_ids))
-    _check(bool(rows), source, "no records in the trace")
+    check(bool(rows), source, "no records in the trace")
     start_ms = min(r[0] for r in rows)
-    name = _name_from(source)
+    name = name_from(source)
     items = []
     for n, (ts, in_len, out_len, hash_ids) in enumerate(rows):
         full = len(hash_ids) - 1
@@ -413,7 +283,7 @@ def parse_mooncake(
             text = "".join(corpus.block(h) + "\n\n" for h in hash_ids[:-1]) + tail
         else:  # hash ids missing or not matching the length: plain text, no sharing
             text = corpus.text(n, in_len)
-        items.append(_trace_item(f"{name}-{n + 1}", text, out_len, (ts - start_ms) / 1000.0))
+        items.append(trace_item(f"{name}-{n + 1}", text, out_len, (ts - start_ms) / 1000.0))
     return Workload(
         name=name,
         description=f"Mooncake trace {source}: prompts rebuilt from built-in text",
@@ -443,7 +313,7 @@ def parse_azure_csv(text: str, *, source: str, corpus: PromptCorpus, limit: int 
     reader = csv.reader(text.splitlines())
     header = [h.strip().lower() for h in next(reader, [])]
     wanted = ("timestamp", "contexttokens", "generatedtokens")
-    _check(all(w in header for w in wanted), f"{source}:1", "expected a header TIMESTAMP,ContextTokens,GeneratedTokens")
+    check(all(w in header for w in wanted), f"{source}:1", "expected a header TIMESTAMP,ContextTokens,GeneratedTokens")
     cols = [header.index(w) for w in wanted]
     rows: list[tuple[int, int, int]] = []
     for row in reader:
@@ -452,19 +322,19 @@ def parse_azure_csv(text: str, *, source: str, corpus: PromptCorpus, limit: int 
         if not any(cell.strip() for cell in row):
             continue
         where = f"{source}:{reader.line_num}"
-        _check(len(row) >= len(header), where, f"expected {len(header)} columns, got {len(row)}")
+        check(len(row) >= len(header), where, f"expected {len(header)} columns, got {len(row)}")
         try:
             ts_ns = parse_azure_timestamp(row[cols[0]])
             context, generated = int(row[cols[1]]), int(row[cols[2]])
         except ValueError as e:
             raise WorkloadError(f"{where}: {e}") from None
-        _check(context >= 0 and generated >= 0, where, "token counts must be non-negative")
+        check(context >= 0 and generated >= 0, where, "token counts must be non-negative")
         rows.append((ts_ns, context, generated))
-    _check(bool(rows), source, "no requests in the trace")
+    check(bool(rows), source, "no requests in the trace")
     start_ns = min(r[0] for r in rows)
-    name = _name_from(source)
+    name = name_from(source)
     items = tuple(
-        _trace_item(f"{name}-{n + 1}", corpus.text(n, context), generated, (ts - start_ns) / 1e9)
+        trace_item(f"{name}-{n + 1}", corpus.text(n, context), generated, (ts - start_ns) / 1e9)
         for n, (ts, context, generated) in enumerate(rows)
     )
     return Workload(
@@ -538,7 +408,7 @@ def parse_workload(
     data: Any = _UNPARSED
     if format is None:
         format, data = _detect(text, PurePath(source).suffix.lower())
-    _check(format in FORMATS, source, f"unknown format {format!r}; known formats: {', '.join(FORMATS)}")
+    check(format in FORMATS, source, f"unknown format {format!r}; known formats: {', '.join(FORMATS)}")
     counter = count_tokens or approx_token_count
     if format in ("mooncake", "azure"):
         if corpus is None:
@@ -553,7 +423,7 @@ def parse_workload(
     if format == "sharegpt":
         return parse_sharegpt(data, source=source, count_tokens=counter, limit=limit)
     if format == "jsonl":  # a JSON array of prompts or request bodies
-        _check(isinstance(data, list), source, "expected a JSON list of prompts or request bodies")
+        check(isinstance(data, list), source, "expected a JSON list of prompts or request bodies")
         return parse_requests(((f"{source}: [{i}]", i + 1, r) for i, r in enumerate(data)), source=source, limit=limit)
     return parse_specproxy(data, source=source)
 
@@ -616,7 +486,7 @@ def load_workload(
         return parse_workload(_read_text(path, str(path)), source=str(path), format="specproxy")
     path = Path(spec)
     looks_like_path = "/" in spec or "\\" in spec or path.suffix != "" or path.exists()
-    _check(
+    check(
         looks_like_path,
         f"unknown workload {spec!r}",
         f"built-in workloads are {', '.join(names)}; or give the path of a workload file",
