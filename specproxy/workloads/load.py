@@ -1,0 +1,74 @@
+"""The loader: a workload from a built-in name or a file path, in a format the registry recognises or the caller
+forces. This is the one place that knows every format; it lists them once, in `REGISTRY`.
+
+Apart from reading the file (and the built-ins for trace prompts) everything is delegated: `sniff` describes the
+text, the registry picks the format, the format's module reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from specproxy.workloads import azure, jsonl, mooncake, native, sharegpt
+from specproxy.workloads.builtin import builtin_corpus, builtin_names, load_builtin
+from specproxy.workloads.corpus import CountTokens, PromptCorpus, approx_token_count
+from specproxy.workloads.registry import FormatRegistry, ReadOptions
+from specproxy.workloads.sniff import WorkloadText, read_text
+from specproxy.workloads.types import Workload, WorkloadError, check
+
+# Listed in this order in messages and in workloads/README.md. A file no format claims is read as a specproxy
+# workload file, whose reader says where its JSON breaks or what the object lacks.
+REGISTRY = FormatRegistry(
+    formats=(native.FORMAT, sharegpt.FORMAT, jsonl.FORMAT, mooncake.FORMAT, azure.FORMAT),
+    default=native.FORMAT.name,
+)
+FORMATS = REGISTRY.names()
+
+
+def parse_workload(
+    text: str,
+    *,
+    source: str,
+    format: str | None = None,
+    count_tokens: CountTokens | None = None,
+    corpus: Callable[[CountTokens], PromptCorpus] | None = None,
+    limit: int | None = None,
+) -> Workload:
+    """Parse a workload file's text in `format` (one of FORMATS; detected when None).
+
+    `corpus` supplies the text for trace prompts; it is called only for a trace.
+    """
+    content = WorkloadText(text, source)
+    fmt = REGISTRY.detect(content) if format is None else REGISTRY.get(format, source)
+    return fmt.read(content, ReadOptions(count_tokens or approx_token_count, corpus, limit))
+
+
+def load_workload(
+    spec: str, *, count_tokens: CountTokens | None = None, format: str | None = None, limit: int | None = None
+) -> Workload:
+    """A built-in workload by name, or a workload file by path (format from its extension and content unless given).
+
+    `count_tokens` measures text for trace prompts and ShareGPT replies (default `approx_token_count`);
+    `limit` reads only the first items of a large file.
+    """
+    names = builtin_names()
+    if spec in names and format in (None, native.FORMAT.name):
+        return load_builtin(spec)
+    path = Path(spec)
+    looks_like_path = "/" in spec or "\\" in spec or path.suffix != "" or path.exists()
+    check(
+        looks_like_path,
+        f"unknown workload {spec!r}",
+        f"built-in workloads are {', '.join(names)}; or give the path of a workload file",
+    )
+    if not path.exists():
+        raise WorkloadError(f"{spec}: no such file (built-in workloads are {', '.join(names)})")
+    return parse_workload(
+        read_text(path, spec),
+        source=spec,
+        format=format,
+        count_tokens=count_tokens,
+        corpus=builtin_corpus,
+        limit=limit,
+    )
