@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from specproxy.core.tokens import approx_token_count
 from specproxy.workloads import azure, jsonl, mooncake, native, sharegpt
 from specproxy.workloads.builtin import builtin_dir, builtin_names, load_builtin
-from specproxy.workloads.corpus import MOONCAKE_BLOCK_TOKENS, PromptCorpus, approx_token_count
+from specproxy.workloads.corpus import MOONCAKE_BLOCK_TOKENS, PromptCorpus
 from specproxy.workloads.load import load_workload
 from specproxy.workloads.registry import ReadOptions
 from specproxy.workloads.sniff import WorkloadText

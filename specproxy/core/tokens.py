@@ -10,11 +10,17 @@ Order of preference (engine-facts.md, "Counting tokens without the server's help
 
 The approximation: one token per CJK / kana / hangul character, and one per six characters of any other word or
 punctuation run (at least one each). It is within a factor of ~1.5 of cl100k on English prose and code.
+
+A second, coarser estimate sizes whole prompts (:func:`approx_token_count`: one token per four ASCII characters, one
+per other character): workload readers cut trace prompts and measure ShareGPT replies with it, and the simulator
+counts its prompts with it. It is the one workloads/README.md documents; the chunk approximation above is tuned to
+count one streamed chunk (a word piece is at least one token), where the coarser one would undercount.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import tempfile
@@ -27,6 +33,12 @@ EXACT_SOURCES: frozenset[str] = frozenset({"usage", "token_ids", "model_tokenize
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f]")
 _WORDS = re.compile(r"[A-Za-z0-9_]+|[^\sA-Za-z0-9_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+")
+
+
+def approx_token_count(text: str) -> int:
+    """About one token per 4 ASCII characters and one per other character (CJK text is roughly 1:1)."""
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return math.ceil(ascii_chars / 4) + (len(text) - ascii_chars)
 
 
 class Tokenizer(Protocol):

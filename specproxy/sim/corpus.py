@@ -130,7 +130,6 @@ EN_SENTENCES: tuple[str, ...] = (
 _CODE_TOKEN = re.compile(r" ?[A-Za-z_]+| ?\d+| ?[^\sA-Za-z_\d]{1,2}|\n| +")
 _EN_TOKEN = re.compile(r" ?[A-Za-z']+| ?\d+| ?[^\sA-Za-z'\d]")
 _JAPANESE = re.compile(r"[\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff]")
-_CJK_CHAR = re.compile(r"[\u3000-\u30ff\u4e00-\u9fff\uff00-\uffef]")
 _CODE_KEYWORDS = re.compile(r"\b(implement|refactor|fix|debug|function|method|compile|python|javascript|rust)\b", re.I)
 
 
@@ -146,12 +145,6 @@ def classify(text: str) -> str:
     if _JAPANESE.search(text):
         return "ja_chat"
     return "other"
-
-
-def approx_tokens(text: str) -> int:
-    """A deterministic token-count estimate: one per CJK character, one per ~4 other characters."""
-    cjk = len(_CJK_CHAR.findall(text))
-    return cjk + (len(text) - cjk + 3) // 4
 
 
 def token_id(piece: str) -> int:

@@ -12,8 +12,9 @@ from typing import Any
 
 import orjson
 
+from specproxy.core.tokens import approx_token_count
 from specproxy.sim.config import SimConfig
-from specproxy.sim.corpus import approx_tokens, classify
+from specproxy.sim.corpus import classify
 from specproxy.sim.records import RequestTruth
 
 DONE = b"data: [DONE]\n\n"
@@ -94,7 +95,7 @@ def parse_request(kind: str, raw: bytes, cfg: SimConfig, profile_header: str | N
             texts.append(text)
             if m["role"] == "user":
                 last_user = text
-        prompt_tokens = sum(approx_tokens(t) + 4 for t in texts) + 3  # chat template markers per message
+        prompt_tokens = sum(approx_token_count(t) + 4 for t in texts) + 3  # chat template markers per message
         classify_text = last_user or texts[-1]
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         key_body: dict[str, object] = {"messages": messages}
@@ -103,7 +104,7 @@ def parse_request(kind: str, raw: bytes, cfg: SimConfig, profile_header: str | N
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            prompt_tokens = max(1, approx_tokens(prompt))
+            prompt_tokens = max(1, approx_token_count(prompt))
             classify_text = prompt
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             prompt_tokens = len(prompt)

@@ -19,9 +19,10 @@ This package re-exports the public API; the modules behind it are:
 Everything is pure (text in, `Workload` out) except `builtin_names` and `load_workload`, which read files.
 """
 
+from specproxy.core.tokens import approx_token_count
 from specproxy.workloads.azure import parse_azure_csv, parse_azure_timestamp
 from specproxy.workloads.builtin import builtin_names
-from specproxy.workloads.corpus import MOONCAKE_BLOCK_TOKENS, CountTokens, PromptCorpus, approx_token_count
+from specproxy.workloads.corpus import MOONCAKE_BLOCK_TOKENS, CountTokens, PromptCorpus
 from specproxy.workloads.jsonl import parse_requests
 from specproxy.workloads.load import FORMATS, load_workload, parse_workload
 from specproxy.workloads.mooncake import parse_mooncake

@@ -2,8 +2,8 @@
 
 A trace (Mooncake, Azure) records lengths and times, not text, so its prompts are made of real text (the built-in
 workloads' paragraphs) cut to the recorded input length by a token counter. This module owns that text source
-(`PromptCorpus`), the default counter (`approx_token_count`, also what ShareGPT replies are measured with), and the
-item shape both trace formats produce.
+(`PromptCorpus`) and the item shape both trace formats produce. The default counter is
+`specproxy.core.tokens.approx_token_count` (also what ShareGPT replies are measured with).
 
 Pure: the caller supplies the texts.
 """
@@ -20,12 +20,6 @@ CountTokens = Callable[[str], int]
 
 # Mooncake traces hash the prompt in blocks of 512 tokens: equal hash ids mean equal prompt text (a shared prefix).
 MOONCAKE_BLOCK_TOKENS = 512
-
-
-def approx_token_count(text: str) -> int:
-    """About one token per 4 ASCII characters and one per other character (CJK text is roughly 1:1)."""
-    ascii_chars = len(text.encode("ascii", "ignore"))
-    return math.ceil(ascii_chars / 4) + (len(text) - ascii_chars)
 
 
 class PromptCorpus:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from specproxy.core.tokens import approx_token_count
 from specproxy.workloads import azure, jsonl, mooncake, native, sharegpt
 from specproxy.workloads.builtin import builtin_corpus, builtin_names, load_builtin
-from specproxy.workloads.corpus import CountTokens, PromptCorpus, approx_token_count
+from specproxy.workloads.corpus import CountTokens, PromptCorpus
 from specproxy.workloads.registry import FormatRegistry, ReadOptions
 from specproxy.workloads.sniff import WorkloadText, read_text
 from specproxy.workloads.types import Workload, WorkloadError, check
