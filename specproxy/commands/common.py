@@ -10,13 +10,9 @@ from typing import Any, NoReturn, TypeVar
 import typer
 import uvloop
 
-T = TypeVar("T")
+from specproxy.exitcodes import EXIT_SIGINT, EXIT_USAGE
 
-# Exit codes, documented in the README.
-EXIT_OK = 0
-EXIT_FAILURE = 1  # the command ran and found a failure (e.g. requests failed, target unreachable mid-run)
-EXIT_USAGE = 2  # bad arguments or unreadable input: nothing was run
-EXIT_INTERRUPTED = 130
+T = TypeVar("T")
 
 
 class CommandError(Exception):
@@ -40,7 +36,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(e.code) from None
     except KeyboardInterrupt:
         sys.stderr.write("specproxy: interrupted\n")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(EXIT_SIGINT) from None
 
 
 def parse_listen(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:

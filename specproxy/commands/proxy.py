@@ -10,6 +10,7 @@ import typer
 
 from specproxy.commands.common import CommandError, fail, parse_listen, run_async
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
+from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import RecorderConfig
 
@@ -158,6 +159,6 @@ async def _main(cfg: ProxyConfig) -> None:
     try:
         await serve(cfg, ready=ready, bound=bound)
     except OSError as e:
-        raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", 1) from None
+        raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", EXIT_FAILURE) from None
     finally:
         task.cancel()

@@ -14,6 +14,7 @@ from specproxy.commands.common import CommandError, fail, run_async
 from specproxy.commands.proxy import CAPTURES, check_url
 from specproxy.core.record import RecordError, read_records
 from specproxy.core.schedule import ARRIVALS, check_schedule
+from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.loadgen.plan import ENDPOINTS, BodyOptions, parse_shard, plan_run_id
 from specproxy.loadgen.replay import plan_replay
 from specproxy.loadgen.runner import LoadSpec
@@ -326,4 +327,4 @@ async def _target_errors(coro: Awaitable[RunOutcome]) -> RunOutcome:
     try:
         return await coro
     except (TargetError, WorkerError) as e:
-        raise CommandError(str(e), 1) from None
+        raise CommandError(str(e), EXIT_FAILURE) from None

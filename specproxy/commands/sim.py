@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from specproxy.commands.common import CommandError, fail, parse_listen, run_async
+from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.sim.config import SimConfig, load_profiles
 
 
@@ -86,7 +87,7 @@ async def _main(cfg: SimConfig) -> None:
         stopper.cancel()
         exc = task.exception()
         if isinstance(exc, OSError):
-            raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", 1)
+            raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", EXIT_FAILURE)
         if exc is not None:
             raise exc
         return

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specproxy.core.record import Record, read_records
+from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.loadgen.progress import ProgressLine, Snapshot, render
 from specproxy.loadgen.replay import ReplayPlan, run_replay
 from specproxy.loadgen.runner import DriveResult, LoadSpec, run_shard
@@ -19,11 +20,6 @@ from specproxy.loadgen.summary import RunSummary, summarize_run
 from specproxy.loadgen.target import Target, counters_k, find_model, wait_ready
 from specproxy.loadgen.workers import run_workers
 from specproxy.recorder.recorder import RecorderConfig
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +37,7 @@ class RunOutcome:
         if self.signal is not None:
             return EXIT_SIGTERM
         if self.summary.failed or self.records_dropped:
-            return EXIT_FAILED
+            return EXIT_FAILURE
         return EXIT_OK
 
 
