@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -117,3 +118,15 @@ async def test_run_then_replay_from_the_command_line(tmp_path: Path) -> None:
     replayed = list(read_records(replay_out))
     assert {r["replay_of"] for r in replayed} == {r["request_id"] for r in ran}
     assert "replay" in stdout2
+
+
+def test_the_load_generator_imports_nothing_of_the_proxy() -> None:
+    # Both speak to the recorder and share the wire headers (specproxy.core.headers); neither depends on the other.
+    probe = (
+        "import importlib, pkgutil, sys, specproxy.loadgen as lg\n"
+        "for m in pkgutil.iter_modules(lg.__path__): importlib.import_module('specproxy.loadgen.' + m.name)\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('specproxy.proxy'))))"
+    )
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == ""

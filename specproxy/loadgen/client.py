@@ -19,9 +19,9 @@ from collections.abc import Iterator, Mapping
 import aiohttp
 import orjson
 
+from specproxy.core.headers import WORKLOAD_HEADER
 from specproxy.loadgen.plan import PlannedRequest
 from specproxy.loadgen.progress import Progress
-from specproxy.proxy.server import WORKLOAD_HEADER
 from specproxy.recorder.recorder import Recorder, RequestMeta, Trace
 
 

@@ -25,14 +25,13 @@ from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from specproxy.core.headers import REQUEST_ID_HEADER, WORKLOAD_HEADER
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import Recorder, RequestMeta, Trace
 
 log = logging.getLogger("specproxy.proxy")
 
-WORKLOAD_HEADER = "X-Specproxy-Workload"
-REQUEST_ID_HEADER = "X-Specproxy-Request-Id"
 # RFC 9110 7.6.1 hop-by-hop fields, plus the ones a proxy must recompute.
 HOP_BY_HOP = frozenset(
     h.lower()
