@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 from simutil import running_sim
 
 from specproxy.core.record import read_records
+from specproxy.serving import stop_signals
 from specproxy.sim import SimConfig
 
 # The commands registered on the real app, as cli.py will do it.
@@ -130,3 +132,25 @@ def test_the_load_generator_imports_nothing_of_the_proxy() -> None:
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == ""
+
+
+async def test_stop_signals_reach_the_callback_then_the_defaults_come_back() -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    got: list[int] = []
+    try:
+        with stop_signals(got.append):
+            # installed (else the signals below would end the test process)
+            assert all(signal.getsignal(sig) != before[sig] for sig in before)
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100):
+                if len(got) == 2:
+                    break
+                await asyncio.sleep(0.01)
+        assert sorted(got) == sorted([signal.SIGINT, signal.SIGTERM])
+        # a second Ctrl-C during a slow shutdown ends the process again
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

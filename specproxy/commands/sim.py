@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import typer
 
 from specproxy.commands.common import CommandError, fail, parse_listen, run_async
 from specproxy.exitcodes import EXIT_FAILURE
+from specproxy.serving import stop_signals
 from specproxy.sim.config import SimConfig, load_profiles
 
 
@@ -70,27 +70,23 @@ def register(app: typer.Typer) -> None:
 async def _main(cfg: SimConfig) -> None:
     from specproxy.sim.server import SimHandle, serve
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-
     def listening(h: SimHandle) -> None:
         method = cfg.spec_method if cfg.spec_method == "none" else f"{cfg.spec_method} k={cfg.num_speculative_tokens}"
         typer.echo(f"specproxy sim: {h.url} (model {cfg.served_model_name}, {method})", err=True)
 
-    task = asyncio.create_task(serve(cfg, on_listening=listening))
-    stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        stopper.cancel()
-        exc = task.exception()
-        if isinstance(exc, OSError):
-            raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", EXIT_FAILURE)
-        if exc is not None:
-            raise exc
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    stop = asyncio.Event()
+    with stop_signals(lambda _signum: stop.set()):
+        task = asyncio.create_task(serve(cfg, on_listening=listening))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            stopper.cancel()
+            exc = task.exception()
+            if isinstance(exc, OSError):
+                raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", EXIT_FAILURE)
+            if exc is not None:
+                raise exc
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

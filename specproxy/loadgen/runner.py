@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from itertools import islice
@@ -23,6 +22,7 @@ from specproxy.loadgen.plan import BodyOptions, Shard, iter_plan
 from specproxy.loadgen.progress import Progress, Snapshot
 from specproxy.loadgen.target import Target
 from specproxy.recorder.recorder import Recorder, RecorderConfig
+from specproxy.serving import stop_signals
 from specproxy.workloads import Workload
 
 Reporter = Callable[[Snapshot], None]
@@ -87,21 +87,14 @@ async def drive(
                 result.signal = int(signum)
                 main.cancel()
 
-        installed: list[signal.Signals] = []
-        if handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, stop, int(sig))
-                    installed.append(sig)
         ticker = loop.create_task(_report(progress, recorder, reporter, report_interval_s)) if reporter else None
         try:
-            await main
+            with stop_signals(stop) if handle_signals else contextlib.nullcontext():
+                await main
         except asyncio.CancelledError:
             if result.signal is None:
                 raise  # cancelled from outside, not by our signal handler
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
             await recorder.close()  # every finished (and cancelled) request's record is written here
             if ticker is not None:
                 ticker.cancel()

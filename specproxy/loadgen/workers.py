@@ -21,6 +21,7 @@ from typing import Any
 
 from specproxy.loadgen.progress import Snapshot, merge
 from specproxy.loadgen.runner import DriveResult, LoadSpec, run_shard
+from specproxy.serving import stop_signals
 
 EXIT_GRACE_S = 5.0  # how long a worker that exited may take for its result to arrive through the queue
 
@@ -74,41 +75,35 @@ async def run_workers(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signum)
 
-    installed: list[signal.Signals] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, forward, int(sig))
-            installed.append(sig)
     results: dict[int, DriveResult] = {}
     errors: dict[int, str] = {}
     snaps: dict[int, Snapshot] = {}
     exited_at: dict[int, float] = {}
     try:
-        while len(results) + len(errors) < workers:
-            while True:
-                try:
-                    kind, w, payload = q.get_nowait()
-                except queue_mod.Empty:
-                    break
-                if kind == "progress":
-                    snaps[w] = payload
-                    if on_progress is not None:
-                        on_progress(merge(snaps.values()))
-                elif kind == "result":
-                    results[w] = payload
-                else:
-                    errors[w] = payload
-            now = loop.time()
-            for w, p in enumerate(procs):
-                if w in results or w in errors or p.exitcode is None:
-                    continue
-                exited_at.setdefault(w, now)
-                if now - exited_at[w] > EXIT_GRACE_S:
-                    errors[w] = f"exited with code {p.exitcode} without a result"
-            await asyncio.sleep(0.05)
+        with stop_signals(forward):
+            while len(results) + len(errors) < workers:
+                while True:
+                    try:
+                        kind, w, payload = q.get_nowait()
+                    except queue_mod.Empty:
+                        break
+                    if kind == "progress":
+                        snaps[w] = payload
+                        if on_progress is not None:
+                            on_progress(merge(snaps.values()))
+                    elif kind == "result":
+                        results[w] = payload
+                    else:
+                        errors[w] = payload
+                now = loop.time()
+                for w, p in enumerate(procs):
+                    if w in results or w in errors or p.exitcode is None:
+                        continue
+                    exited_at.setdefault(w, now)
+                    if now - exited_at[w] > EXIT_GRACE_S:
+                        errors[w] = f"exited with code {p.exitcode} without a result"
+                await asyncio.sleep(0.05)
     finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
         for p in procs:
             await asyncio.to_thread(p.join, 10.0)
             if p.is_alive():

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import io
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from specproxy.core.headers import REQUEST_ID_HEADER, WORKLOAD_HEADER
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import Recorder, RequestMeta, Trace
+from specproxy.serving import base_url, bound_ports, start_app, stop_signals
 
 log = logging.getLogger("specproxy.proxy")
 
@@ -277,17 +277,15 @@ class ProxyHandle:
 
 
 async def start_proxy(cfg: ProxyConfig) -> ProxyHandle:
-    app = build_app(cfg)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=cfg.drain_timeout_s, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    host, port = runner.addresses[0][:2]
-    return ProxyHandle(f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}", runner)
+    runner = await start_app(
+        build_app(cfg),
+        cfg.host,
+        cfg.port,
+        shutdown_timeout=cfg.drain_timeout_s,
+        handler_cancellation=True,
+        reuse_address=True,  # a restarted proxy takes its port back at once, despite connections in TIME_WAIT
+    )
+    return ProxyHandle(base_url(runner), runner)
 
 
 async def serve(cfg: ProxyConfig, *, ready: asyncio.Event | None = None, bound: list[int] | None = None) -> None:
@@ -295,18 +293,12 @@ async def serve(cfg: ProxyConfig, *, ready: asyncio.Event | None = None, bound: 
     ``drain_timeout_s``, and write every record."""
     handle = await start_proxy(cfg)
     if bound is not None:
-        bound.extend(addr[1] for addr in handle.runner.addresses)
+        bound.extend(bound_ports(handle.runner))
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
     try:
-        await stop.wait()
+        with stop_signals(lambda _signum: stop.set()):
+            if ready is not None:
+                ready.set()
+            await stop.wait()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
         await handle.close()

@@ -321,21 +321,14 @@ class SimHandle:
 
 async def start_sim(cfg: SimConfig) -> SimHandle:
     """Start a simulator on cfg.host:cfg.port (0 = a free port) in the running event loop."""
+    from specproxy.serving import base_url, start_app
+
     cfg.validate()
     rt = SimRuntime(cfg)
     app = build_app(rt)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, cfg.host, cfg.port)
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
+    runner = await start_app(app, cfg.host, cfg.port, shutdown_timeout=1.0, handler_cancellation=True)
     rt.start()
-    host, port = runner.addresses[0][:2]
-    shown = f"[{host}]" if ":" in host else host
-    return SimHandle(url=f"http://{shown}:{port}", app=app, state=rt, _runner=runner)
+    return SimHandle(url=base_url(runner), app=app, state=rt, _runner=runner)
 
 
 async def serve(
