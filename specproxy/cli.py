@@ -7,7 +7,7 @@ import sys
 import typer
 
 from specproxy import __version__
-from specproxy.commands.common import CommandError
+from specproxy.commands.common import error_boundary
 
 app = typer.Typer(
     name="specproxy",
@@ -47,22 +47,11 @@ _register_commands()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: usage errors become one line on stderr and exit 2, never a traceback."""
+    """Entry point: failures, usage errors included, become one line on stderr and an exit code, never a traceback."""
     command = typer.main.get_command(app)
     try:
-        rv = command.main(args=argv, prog_name="specproxy", standalone_mode=False)
+        with error_boundary():
+            rv = command.main(args=argv, prog_name="specproxy", standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except CommandError as e:
-        sys.stderr.write(f"specproxy: error: {e}\n")
-        sys.exit(e.code)
-    except (typer.Abort, KeyboardInterrupt):
-        sys.stderr.write("specproxy: aborted\n")
-        sys.exit(130)
-    except typer.TyperException as e:  # typer's bundled click: UsageError / BadParameter carry exit_code 2
-        ctx = getattr(e, "ctx", None)
-        where = ctx.command_path if ctx is not None else "specproxy"
-        message = e.format_message() if hasattr(e, "format_message") else str(e)
-        sys.stderr.write(f"{where}: error: {' '.join(message.split())}\n")
-        sys.exit(getattr(e, "exit_code", 2))
     sys.exit(rv if isinstance(rv, int) else 0)

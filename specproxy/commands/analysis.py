@@ -33,7 +33,7 @@ from specproxy.analysis.html import render_html
 from specproxy.analysis.inputs import InputError, load_runs
 from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
 from specproxy.analysis.tables import Table, render_csv, render_md, render_text
-from specproxy.commands.common import CommandError, fail
+from specproxy.commands.common import command, fail
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
@@ -48,16 +48,12 @@ RunsArg = Annotated[
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write here instead of stdout.")]
 
 
-def _guard(work: Callable[[], None]) -> None:
-    """Run a command body; clean failures become one line on stderr and their exit code."""
+def _runs(paths: Sequence[Path]) -> list[Record]:
+    """The runs' records; a run that cannot be read is a clean failure (exit 2) naming the path."""
     try:
-        work()
-    except CommandError as e:
-        sys.stderr.write(f"specproxy: error: {e}\n")
-        raise typer.Exit(e.code) from None
+        return load_runs(paths)
     except InputError as e:
-        sys.stderr.write(f"specproxy: error: {e}\n")
-        raise typer.Exit(2) from None
+        fail(str(e))
 
 
 def _choice(value: str, allowed: Sequence[str], option: str) -> str:
@@ -112,7 +108,7 @@ def parse_by(value: str) -> tuple[str, ...]:
 
 
 def run_report(cfg: ReportConfig) -> None:
-    records = load_runs(cfg.runs)
+    records = _runs(cfg.runs)
     report = build_report(records, cfg.by)
     inputs = [str(p) for p in cfg.runs]
     tables = render.report_tables(report)
@@ -133,7 +129,7 @@ class CompareConfig:
 
 
 def run_compare(cfg: CompareConfig) -> None:
-    records = load_runs(cfg.runs)
+    records = _runs(cfg.runs)
     try:
         c = build_comparison(records, cfg.baseline, cfg.metric)
     except ValueError as e:
@@ -160,14 +156,14 @@ class AdviseConfig:
 
 
 def run_advise(cfg: AdviseConfig) -> None:
-    records = load_runs(cfg.runs)
+    records = _runs(cfg.runs)
     if cfg.workloads:
         known = set(group_records(records, ("workload",)))
         missing = [w for w in cfg.workloads if (w,) not in known]
         if missing:
             fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(k[0] for k in known)}")
         records = [r for r in records if r.get("workload") in cfg.workloads]
-    baseline = load_runs(cfg.baseline_runs) if cfg.baseline_runs else []
+    baseline = _runs(cfg.baseline_runs) if cfg.baseline_runs else []
     advice = build_advice(records, baseline, draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s, max_k=cfg.max_k)
     if cfg.format == "json":
         text = _json(render_advise.advise_json(advice, [str(p) for p in cfg.runs]))
@@ -212,7 +208,7 @@ def run_roofline(cfg: RooflineConfig) -> None:
     if cfg.measured_tok_s is not None:
         measured.append(("given", cfg.measured_tok_s, None))
     if cfg.runs:
-        measured.extend(_measurements(load_runs(cfg.runs)))
+        measured.extend(_measurements(_runs(cfg.runs)))
     rows = render_advise.roofline_rows(r, measured)
     _emit(
         _tabular(
@@ -233,7 +229,7 @@ def _parse(parse: Callable[[str], float], value: str, option: str) -> float:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("report")
+    @command(app, "report")
     def report_cmd(
         runs: RunsArg,
         format: Annotated[str, typer.Option("--format", "-f", help="table, md, csv, json or html.")] = "table",
@@ -244,14 +240,10 @@ def register(app: typer.Typer) -> None:
         title: Annotated[str, typer.Option(help="Title of the HTML report.")] = "specproxy report",
     ) -> None:
         """Per workload and configuration: throughput, latency, acceptance, and where each figure came from."""
+        cfg = ReportConfig(tuple(runs), _choice(format, REPORT_FORMATS, "--format"), parse_by(by), output, title)
+        run_report(cfg)
 
-        def work() -> None:
-            cfg = ReportConfig(tuple(runs), _choice(format, REPORT_FORMATS, "--format"), parse_by(by), output, title)
-            run_report(cfg)
-
-        _guard(work)
-
-    @app.command("compare")
+    @command(app, "compare")
     def compare_cmd(
         runs: RunsArg,
         baseline: Annotated[str | None, typer.Option(help="Label of the baseline configuration.")] = None,
@@ -262,20 +254,16 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = None,
     ) -> None:
         """Configuration | tok/s | speedup vs baseline | acceptance, per workload; medians over repeats."""
+        cfg = CompareConfig(
+            tuple(runs),
+            baseline,
+            _choice(metric, METRICS, "--metric"),
+            _choice(format, TABLE_FORMATS, "--format"),
+            output,
+        )
+        run_compare(cfg)
 
-        def work() -> None:
-            cfg = CompareConfig(
-                tuple(runs),
-                baseline,
-                _choice(metric, METRICS, "--metric"),
-                _choice(format, TABLE_FORMATS, "--format"),
-                output,
-            )
-            run_compare(cfg)
-
-        _guard(work)
-
-    @app.command("advise")
+    @command(app, "advise")
     def advise_cmd(
         runs: RunsArg,
         baseline_run: Annotated[
@@ -297,29 +285,25 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = None,
     ) -> None:
         """Predicted speedup for k = 1..8 from acceptance per position, the recommended k, and warnings."""
+        if draft_cost is not None and not 0.0 <= draft_cost <= 10.0:
+            fail(f"--draft-cost must be between 0 and 10, got {draft_cost}")
+        if base_step_ms is not None and not base_step_ms > 0:
+            fail(f"--base-step-ms must be positive, got {base_step_ms}")
+        if not 1 <= max_k <= 64:
+            fail(f"--max-k must be between 1 and 64, got {max_k}")
+        cfg = AdviseConfig(
+            tuple(runs),
+            tuple(baseline_run or ()),
+            draft_cost,
+            base_step_ms / 1000.0 if base_step_ms is not None else None,
+            max_k,
+            tuple(workload or ()),
+            _choice(format, ADVISE_FORMATS, "--format"),
+            output,
+        )
+        run_advise(cfg)
 
-        def work() -> None:
-            if draft_cost is not None and not 0.0 <= draft_cost <= 10.0:
-                fail(f"--draft-cost must be between 0 and 10, got {draft_cost}")
-            if base_step_ms is not None and not base_step_ms > 0:
-                fail(f"--base-step-ms must be positive, got {base_step_ms}")
-            if not 1 <= max_k <= 64:
-                fail(f"--max-k must be between 1 and 64, got {max_k}")
-            cfg = AdviseConfig(
-                tuple(runs),
-                tuple(baseline_run or ()),
-                draft_cost,
-                base_step_ms / 1000.0 if base_step_ms is not None else None,
-                max_k,
-                tuple(workload or ()),
-                _choice(format, ADVISE_FORMATS, "--format"),
-                output,
-            )
-            run_advise(cfg)
-
-        _guard(work)
-
-    @app.command("roofline")
+    @command(app, "roofline")
     def roofline_cmd(
         params: Annotated[str, typer.Option(help="Total parameters, e.g. 27B or 3e9.", show_default=False)],
         bytes_per_param: Annotated[
@@ -338,21 +322,17 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = None,
     ) -> None:
         """The memory-bandwidth ceiling of decode in tok/s, and how much of it a measurement reaches."""
-
-        def work() -> None:
-            if measured is not None and not measured > 0:
-                fail(f"--measured must be positive, got {measured}")
-            cfg = RooflineConfig(
-                params=_parse(parse_count, params, "--params"),
-                active_params=_parse(parse_count, active_params, "--active-params") if active_params else None,
-                bytes_per_param=bytes_per_param,
-                extra_bytes_per_token=_parse(parse_bytes, extra_bytes, "--extra-bytes"),
-                bandwidth_bytes_s=_parse(lambda v: parse_bytes(v, rate=True), bandwidth, "--bandwidth"),
-                measured_tok_s=measured,
-                runs=tuple(run or ()),
-                format=_choice(format, TABLE_FORMATS, "--format"),
-                output=output,
-            )
-            run_roofline(cfg)
-
-        _guard(work)
+        if measured is not None and not measured > 0:
+            fail(f"--measured must be positive, got {measured}")
+        cfg = RooflineConfig(
+            params=_parse(parse_count, params, "--params"),
+            active_params=_parse(parse_count, active_params, "--active-params") if active_params else None,
+            bytes_per_param=bytes_per_param,
+            extra_bytes_per_token=_parse(parse_bytes, extra_bytes, "--extra-bytes"),
+            bandwidth_bytes_s=_parse(lambda v: parse_bytes(v, rate=True), bandwidth, "--bandwidth"),
+            measured_tok_s=measured,
+            runs=tuple(run or ()),
+            format=_choice(format, TABLE_FORMATS, "--format"),
+            output=output,
+        )
+        run_roofline(cfg)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from specproxy.commands.common import run_async
+from specproxy.commands.common import command, run_async
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("bench")
+    @command(app, "bench")
     def bench(
         concurrency: int = typer.Option(32, "--concurrency", help="Concurrent streams."),
         requests: int = typer.Option(128, "--requests", help="Requests per round and path."),

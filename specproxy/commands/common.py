@@ -1,11 +1,21 @@
-"""Shared command plumbing: uvloop entry, one-line errors, host:port parsing."""
+"""Shared command plumbing: the one error boundary, command registration through it, the uvloop entry, host:port
+parsing.
+
+Every failure a user sees is written by :func:`error_boundary`: one line on stderr and an exit code, never a
+traceback. Each command's body runs inside it (commands register with :func:`command`), and so does the whole command
+line (:func:`specproxy.cli.main`), for what fails before any command runs: an unknown command, a missing or malformed
+option.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import functools
 import sys
-from collections.abc import Coroutine
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 import uvloop
@@ -13,6 +23,7 @@ import uvloop
 from specproxy.exitcodes import EXIT_SIGINT, EXIT_USAGE
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class CommandError(Exception):
@@ -23,20 +34,74 @@ class CommandError(Exception):
         self.code = code
 
 
+class Interrupted(Exception):
+    """Ctrl-C ended a command's event loop before the command could stop on its own. Not a KeyboardInterrupt, which
+    typer turns into a quiet exit before the boundary sees it: this one is reported (``specproxy: interrupted``)."""
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise CommandError(message, code)
 
 
+def _report(line: str, code: int) -> NoReturn:
+    sys.stderr.write(line + "\n")
+    raise typer.Exit(code) from None
+
+
+_outermost = contextvars.ContextVar("specproxy_error_boundary", default=True)
+
+
+@contextlib.contextmanager
+def error_boundary() -> Iterator[None]:
+    """Turn a failure into one line on stderr and ``typer.Exit(code)``; a ``typer.Exit`` passes through as it is.
+
+    Boundaries nest (the command line's around each command's), and only the outermost one reports: a usage error
+    raised in a command body reaches it with its command attached (``specproxy run: error: ...``), and a Ctrl-C outside
+    the event loop ends as typer ends it, quietly with 130.
+    """
+    if not _outermost.get():
+        yield
+        return
+    token = _outermost.set(False)
+    try:
+        yield
+    except CommandError as e:
+        _report(f"specproxy: error: {e}", e.code)
+    except Interrupted:
+        _report("specproxy: interrupted", EXIT_SIGINT)
+    except (typer.Abort, KeyboardInterrupt):
+        _report("specproxy: aborted", EXIT_SIGINT)
+    except typer.TyperException as e:  # typer's bundled click: UsageError / BadParameter carry exit_code 2
+        ctx = getattr(e, "ctx", None)
+        where = ctx.command_path if ctx is not None else "specproxy"
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        _report(f"{where}: error: {' '.join(message.split())}", getattr(e, "exit_code", EXIT_USAGE))
+    finally:
+        _outermost.reset(token)
+
+
+def command(app: typer.Typer, name: str) -> Callable[[Callable[P, None]], Callable[P, None]]:
+    """``@app.command(name)`` with the body run inside :func:`error_boundary`, so that a command reports its failures
+    the same way however it is invoked (the ``specproxy`` entry point, or a test's bare ``typer.Typer``)."""
+
+    def register(body: Callable[P, None]) -> Callable[P, None]:
+        @functools.wraps(body)  # typer reads the options from the wrapped signature and the help from its docstring
+        def bounded(*args: P.args, **kwargs: P.kwargs) -> None:
+            with error_boundary():
+                body(*args, **kwargs)
+
+        app.command(name)(bounded)
+        return bounded
+
+    return register
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run one async entry point on uvloop. CommandError and Ctrl-C become a one-line message and an exit code."""
+    """Run one async entry point on uvloop; a Ctrl-C that ends the loop becomes :class:`Interrupted`."""
     try:
         return uvloop.run(coro)
-    except CommandError as e:
-        sys.stderr.write(f"specproxy: error: {e}\n")
-        raise typer.Exit(e.code) from None
     except KeyboardInterrupt:
-        sys.stderr.write("specproxy: interrupted\n")
-        raise typer.Exit(EXIT_SIGINT) from None
+        raise Interrupted from None
 
 
 def parse_listen(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:

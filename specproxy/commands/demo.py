@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from specproxy.commands.common import run_async
+from specproxy.commands.common import command, run_async
 from specproxy.demo import DemoConfig
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("demo")
+    @command(app, "demo")
     def demo(
         requests: int = typer.Option(6, "--requests", help="Requests per workload and configuration."),
         max_tokens: int = typer.Option(192, "--max-tokens", help="max_tokens of every request."),

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from specproxy.commands.common import CommandError, fail, parse_listen, run_async
+from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.proxy.config import ProxyConfig
@@ -41,7 +41,7 @@ def parse_size(value: str) -> int:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("proxy")
+    @command(app, "proxy")
     def proxy(
         upstream: str = typer.Option(..., "--upstream", help="The engine's base URL, e.g. http://127.0.0.1:8000."),
         listen: str = typer.Option("127.0.0.1:8080", "--listen", help="HOST:PORT to listen on (port 0: any free)."),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from specproxy.commands.common import CommandError, fail, run_async
+from specproxy.commands.common import CommandError, command, fail, run_async
 from specproxy.commands.proxy import CAPTURES, check_url
 from specproxy.core.record import RecordError, read_records
 from specproxy.core.schedule import ARRIVALS, check_schedule
@@ -92,7 +92,7 @@ def _finish(outcome: RunOutcome, title: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("run")
+    @command(app, "run")
     def run(
         target: str = typer.Option(..., "--target", help="Base URL of the server (or of a specproxy proxy)."),
         workload: str = typer.Option(..., "--workload", help="Built-in names or files, comma-separated."),
@@ -244,7 +244,7 @@ def register(app: typer.Typer) -> None:
         )
         _finish(outcome, f"run {spec.recorder.run_id}" + (f" ({label})" if label else ""))
 
-    @app.command("replay")
+    @command(app, "replay")
     def replay_cmd(
         recording: Path = typer.Argument(..., help="Record file (with its rotations) or directory of *.jsonl."),
         target: str = typer.Option(..., "--target", help="Base URL of the server to re-send to."),

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import typer
 
-from specproxy.commands.common import CommandError, fail, parse_listen, run_async
+from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
 from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.serving import stop_signals
 from specproxy.sim.config import SimConfig, load_profiles
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("sim")
+    @command(app, "sim")
     def sim(
         listen: str = typer.Option("127.0.0.1:8000", "--listen", help="HOST:PORT to listen on (port 0: any free)."),
         spec_method: str = typer.Option("mtp", "--spec-method", help="none, mtp, ngram, eagle or draft_model."),
