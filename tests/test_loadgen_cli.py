@@ -1,4 +1,5 @@
-"""``specproxy run`` / ``replay`` as a user runs them: bad input, an unreachable target, Ctrl-C, run then replay."""
+"""``specproxy run`` / ``replay`` as a user runs them: bad input, an unreachable target, Ctrl-C, run then replay, the
+options both take; and what the load generator shares with the rest (stop signals, no dependency on the proxy)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
+import pytest
+import typer
 from simutil import running_sim
 
+from specproxy import cli as cli_module
 from specproxy.core.record import read_records
 from specproxy.serving import stop_signals
 from specproxy.sim import SimConfig
@@ -154,3 +159,98 @@ async def test_stop_signals_reach_the_callback_then_the_defaults_come_back() -> 
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+# declared once (specproxy.commands.options) for both commands
+SHARED = (
+    "--capture", "--metrics-url", "--k", "--wait-ready",
+    "--api-key", "--connect-timeout", "--idle-timeout", "--progress",
+)  # fmt: skip
+
+
+def _options(name: str) -> dict[str, typer.core.TyperOption]:
+    group = typer.main.get_command(cli_module.app)
+    assert isinstance(group, typer.core.TyperGroup)
+    return {p.opts[0]: p for p in group.commands[name].params if isinstance(p, typer.core.TyperOption)}
+
+
+def test_run_and_replay_declare_their_shared_options_alike() -> None:
+    run_opts, replay_opts, proxy_opts = _options("run"), _options("replay"), _options("proxy")
+
+    def declared(o: typer.core.TyperOption) -> tuple[object, ...]:
+        return (
+            o.opts,
+            o.secondary_opts,
+            o.help,
+            o.default,
+            o.envvar,
+            o.type_descriptor.annotation,
+            o.required,
+            o.is_flag,
+        )
+
+    for name in SHARED:
+        assert declared(run_opts[name]) == declared(replay_opts[name]), name
+    assert declared(proxy_opts["--k"]) == declared(run_opts["--k"])
+
+
+def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(list(args))
+    code = exited.value.code
+    return code if isinstance(code, int) else 0, capsys.readouterr().err
+
+
+def recording(tmp_path: Path) -> Path:
+    rec = {
+        "schema_version": 1,
+        "request_id": "r1",
+        "started_at": 1.0,
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "workload": "ja_chat",
+        "request": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    path = tmp_path / "recorded.jsonl"
+    path.write_bytes(orjson.dumps(rec) + b"\n")
+    return path
+
+
+def both_commands(tmp_path: Path, url: str) -> tuple[list[str], list[str]]:
+    out = ["--out", str(tmp_path / "out.jsonl")]
+    return (
+        ["run", "--target", url, "--workload", "ja_chat", *out],
+        ["replay", str(recording(tmp_path)), "--target", url, *out],
+    )
+
+
+def test_run_and_replay_accept_every_shared_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    given = [
+        "--capture", "full", "--metrics-url", "none", "--k", "2", "--wait-ready", "0.3", "--api-key", "secret",
+        "--connect-timeout", "1", "--idle-timeout", "2", "--no-progress",
+    ]  # fmt: skip
+    for command in both_commands(tmp_path, url):
+        code, err = invoke(capsys, *command, *given)
+        assert code == 1, (command[0], err)
+        assert f"specproxy: error: target {url} not ready after 0.3 s" in err, (command[0], err)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--capture", "x", "--capture must be one of none, request, full, got 'x'"),
+        ("--metrics-url", "foo", "--metrics-url must be an http:// or https:// URL, got 'foo'"),
+        ("--k", "0", "--k must be at least 1, got 0"),
+        ("--wait-ready", "0", "--wait-ready must be positive, got 0"),
+        ("--connect-timeout", "0", "--connect-timeout must be positive, got 0"),
+        ("--idle-timeout", "-1", "--idle-timeout must be positive, got -1"),
+    ],
+)
+def test_run_and_replay_check_a_shared_option_alike(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, value: str, message: str
+) -> None:
+    for command in both_commands(tmp_path, "http://127.0.0.1:9"):
+        code, err = invoke(capsys, *command, option, value)
+        assert code == 2, (command[0], err)
+        assert err == f"specproxy {command[0]}: error: Invalid value: {message}\n"

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import typer
 
 from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
+from specproxy.commands.options import KOpt
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.proxy.config import ProxyConfig
@@ -54,7 +55,7 @@ def register(app: typer.Typer) -> None:
         rules: Path | None = typer.Option(None, "--rules", help="JSON rules mapping requests to workloads."),
         label: str | None = typer.Option(None, "--label", help="Configuration label stored in every record."),
         capture: str = typer.Option("request", "--capture", help="What to keep of bodies: none, request, full."),
-        k: int | None = typer.Option(None, "--k", help="The engine's num_speculative_tokens (else learned)."),
+        k: KOpt = None,
         scrape_interval: float = typer.Option(0.25, "--scrape-interval", help="Seconds between scrapes in flight."),
         scrape_min_gap: float = typer.Option(
             0.1, "--scrape-min-gap", help="Floor between two scrapes, however many requests end (seconds)."

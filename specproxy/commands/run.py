@@ -11,6 +11,16 @@ from pathlib import Path
 import typer
 
 from specproxy.commands.common import CommandError, command, fail, run_async
+from specproxy.commands.options import (
+    ApiKeyOpt,
+    CaptureOpt,
+    ConnectTimeoutOpt,
+    IdleTimeoutOpt,
+    KOpt,
+    MetricsUrlOpt,
+    ProgressOpt,
+    WaitReadyOpt,
+)
 from specproxy.commands.proxy import CAPTURES, check_url
 from specproxy.core.record import RecordError, read_records
 from specproxy.core.schedule import ARRIVALS, check_schedule
@@ -114,21 +124,19 @@ def register(app: typer.Typer) -> None:
         seed: int | None = typer.Option(None, "--seed", help="Shuffle and mix workloads; seeds the arrivals."),
         label: str | None = typer.Option(None, "--label", help="Configuration label, e.g. MTP-FP8-n1."),
         out: Path | None = typer.Option(None, "--out", help="Record file (default specproxy-run-<time>.jsonl)."),
-        wait_ready: float | None = typer.Option(None, "--wait-ready", help="Wait up to S seconds for /health."),
+        wait_ready: WaitReadyOpt = None,
         workers: int = typer.Option(1, "--workers", help="Processes to spread the load over."),
         shard: str = typer.Option("0/1", "--shard", help="Run part i of N of the plan (e.g. 2/8)."),
         model: str | None = typer.Option(None, "--model", help="Model to request (default: first of /v1/models)."),
         endpoint: str = typer.Option("chat", "--endpoint", help="chat or completions."),
-        capture: str = typer.Option("request", "--capture", help="What records keep: none, request, full."),
-        metrics_url: str = typer.Option(
-            "", "--metrics-url", help="Engine Prometheus URL (default TARGET/metrics; 'none' to skip)."
-        ),
-        k: int | None = typer.Option(None, "--k", help="The engine's num_speculative_tokens (else learned)."),
+        capture: CaptureOpt = "request",
+        metrics_url: MetricsUrlOpt = "",
+        k: KOpt = None,
         run_id: str | None = typer.Option(None, "--run-id", help="Run id in every record (shards share one)."),
-        api_key: str | None = typer.Option(None, "--api-key", envvar="SPECPROXY_API_KEY", help="Bearer token."),
-        connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to connect."),
-        idle_timeout: float = typer.Option(600.0, "--idle-timeout", help="Seconds without a byte from the server."),
-        progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress line (default: TTY)."),
+        api_key: ApiKeyOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        idle_timeout: IdleTimeoutOpt = 600.0,
+        progress: ProgressOpt = None,
     ) -> None:
         """Load generator: send workloads to a server, record every request like the proxy does, summarise."""
         tgt = check_url(target, "--target")
@@ -254,16 +262,14 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(None, "--out", help="Record file (default specproxy-replay-<time>.jsonl)."),
         model: str | None = typer.Option(None, "--model", help="Replace the recorded model in every body."),
         label: str | None = typer.Option(None, "--label", help="Configuration label of the new run."),
-        capture: str = typer.Option("request", "--capture", help="What records keep: none, request, full."),
-        metrics_url: str = typer.Option(
-            "", "--metrics-url", help="Engine Prometheus URL (default TARGET/metrics; 'none' to skip)."
-        ),
-        k: int | None = typer.Option(None, "--k", help="The engine's num_speculative_tokens (else learned)."),
-        wait_ready: float | None = typer.Option(None, "--wait-ready", help="Wait up to S seconds for /health."),
-        api_key: str | None = typer.Option(None, "--api-key", envvar="SPECPROXY_API_KEY", help="Bearer token."),
-        connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to connect."),
-        idle_timeout: float = typer.Option(600.0, "--idle-timeout", help="Seconds without a byte from the server."),
-        progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress line (default: TTY)."),
+        capture: CaptureOpt = "request",
+        metrics_url: MetricsUrlOpt = "",
+        k: KOpt = None,
+        wait_ready: WaitReadyOpt = None,
+        api_key: ApiKeyOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        idle_timeout: IdleTimeoutOpt = 600.0,
+        progress: ProgressOpt = None,
     ) -> None:
         """Re-send a recording's requests in order with their original timing; link each to its original."""
         tgt = check_url(target, "--target")

@@ -1,0 +1,23 @@
+"""Options that several commands declare alike, each declared once as an ``Annotated`` alias.
+
+``run`` and ``replay`` both drive a target and record what they send, so they take the same recorder, connection and
+display options; the proxy shares ``--k``. Typer wants an option's default at the parameter, not in the alias: each
+use gives it (the CLI tests check that the commands agree).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+CaptureOpt = Annotated[str, typer.Option("--capture", help="What records keep: none, request, full.")]
+MetricsUrlOpt = Annotated[
+    str, typer.Option("--metrics-url", help="Engine Prometheus URL (default TARGET/metrics; 'none' to skip).")
+]
+KOpt = Annotated[int | None, typer.Option("--k", help="The engine's num_speculative_tokens (else learned).")]
+WaitReadyOpt = Annotated[float | None, typer.Option("--wait-ready", help="Wait up to S seconds for /health.")]
+ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="SPECPROXY_API_KEY", help="Bearer token.")]
+ConnectTimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="Seconds to connect.")]
+IdleTimeoutOpt = Annotated[float, typer.Option("--idle-timeout", help="Seconds without a byte from the server.")]
+ProgressOpt = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress line (default: TTY).")]
