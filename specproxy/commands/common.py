@@ -9,7 +9,6 @@ option.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
@@ -118,6 +117,3 @@ def parse_listen(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]
         raise typer.BadParameter(f"port {port} is out of range 0..65535")
     return host, port
 
-
-async def wait_forever() -> None:
-    await asyncio.Event().wait()

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from specproxy.serving import base_url, start_app
 from specproxy.sim.config import METRICS_FAULTS, SimConfig
 from specproxy.sim.engine import SimRequest
 from specproxy.sim.faults import Faults, parse_faults
@@ -321,7 +322,6 @@ class SimHandle:
 
 async def start_sim(cfg: SimConfig) -> SimHandle:
     """Start a simulator on cfg.host:cfg.port (0 = a free port) in the running event loop."""
-    from specproxy.serving import base_url, start_app
 
     cfg.validate()
     rt = SimRuntime(cfg)
