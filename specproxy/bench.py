@@ -124,8 +124,8 @@ def _overhead(record: Path) -> tuple[float, float, int]:
     n = 0
     for rec in read_records(record):
         n += 1
-        po = rec.get("proxy_overhead_s")
-        if po:
+        po = rec["proxy_overhead_s"]
+        if po is not None:
             total += po["mean"] * po["count"]
             reads += po["count"]
     return total, reads, n

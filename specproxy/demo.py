@@ -92,8 +92,8 @@ async def run_demo(cfg: DemoConfig) -> DemoResult:
         out_dir.mkdir(parents=True, exist_ok=True)
         paths = await asyncio.gather(*(_one(label, m, k, cfg, out_dir, Path(tmp)) for label, m, k in CONFIGS))
         records: list[Record] = [r for p in paths for r in read_records(p)]
-    base = [r for r in records if r.get("label") == "Base"]
-    spec = [r for r in records if r.get("label") != "Base"]
+    base = [r for r in records if r["label"] == "Base"]
+    spec = [r for r in records if r["label"] != "Base"]
     comparison = build_comparison(records, "Base")
     advice = build_advice(spec, base)
     elapsed = time.monotonic() - t0

@@ -162,7 +162,7 @@ def run_advise(cfg: AdviseConfig) -> None:
         missing = [w for w in cfg.workloads if (w,) not in known]
         if missing:
             fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(k[0] for k in known)}")
-        records = [r for r in records if r.get("workload") in cfg.workloads]
+        records = [r for r in records if r["workload"] in cfg.workloads]
     baseline = _runs(cfg.baseline_runs) if cfg.baseline_runs else []
     advice = build_advice(records, baseline, draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s, max_k=cfg.max_k)
     if cfg.format == "json":

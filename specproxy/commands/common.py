@@ -116,4 +116,3 @@ def parse_listen(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"port {port} is out of range 0..65535")
     return host, port
-

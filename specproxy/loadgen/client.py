@@ -22,7 +22,8 @@ import orjson
 from specproxy.core.headers import WORKLOAD_HEADER
 from specproxy.loadgen.plan import PlannedRequest
 from specproxy.loadgen.progress import Progress
-from specproxy.recorder.recorder import Recorder, RequestMeta, Trace
+from specproxy.recorder.recorder import Recorder
+from specproxy.recorder.trace import RequestMeta, Trace
 
 
 class Client:

@@ -15,7 +15,9 @@ from typing import Any, TextIO
 
 from specproxy.attribution.counts import SpecCounts
 
-Snapshot = dict[str, dict[str, float]]  # workload -> {"done", "ok", "errors", "tokens", "accepted", "draft_tokens"}
+ProgressSnapshot = dict[
+    str, dict[str, float]
+]  # workload -> {"done", "ok", "errors", "tokens", "accepted", "draft_tokens"}
 _FIELDS = ("done", "ok", "errors", "tokens", "accepted", "draft_tokens")
 
 
@@ -29,9 +31,9 @@ class Progress:
         c["ok" if ok else "errors"] += 1
         c["tokens"] += tokens
 
-    def snapshot(self, spec: Mapping[str, SpecCounts] | None = None) -> Snapshot:
+    def snapshot(self, spec: Mapping[str, SpecCounts] | None = None) -> ProgressSnapshot:
         """The counters, with accepted / draft tokens taken from ``spec`` (the recorder's ``workload_spec``)."""
-        out: Snapshot = {}
+        out: ProgressSnapshot = {}
         for w, c in self._counts.items():
             s = dict(c)
             acc = spec.get(w, SpecCounts()) if spec else SpecCounts()
@@ -41,8 +43,8 @@ class Progress:
         return out
 
 
-def merge(snapshots: Iterable[Snapshot]) -> Snapshot:
-    out: Snapshot = {}
+def merge(snapshots: Iterable[ProgressSnapshot]) -> ProgressSnapshot:
+    out: ProgressSnapshot = {}
     for snap in snapshots:
         for w, c in snap.items():
             acc = out.setdefault(w, dict.fromkeys(_FIELDS, 0.0))
@@ -51,7 +53,7 @@ def merge(snapshots: Iterable[Snapshot]) -> Snapshot:
     return out
 
 
-def render(snap: Snapshot, elapsed_s: float, *, total: int | None, duration_s: float | None) -> str:
+def render(snap: ProgressSnapshot, elapsed_s: float, *, total: int | None, duration_s: float | None) -> str:
     """One line: overall done/total, req/s, tok/s, then each workload's done, tok/s and acceptance."""
     done = sum(c["done"] for c in snap.values())
     tokens = sum(c["tokens"] for c in snap.values())

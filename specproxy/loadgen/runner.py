@@ -19,13 +19,13 @@ from typing import Any
 from specproxy.core.schedule import iter_arrivals
 from specproxy.loadgen.client import Client, closed_loop, open_loop
 from specproxy.loadgen.plan import BodyOptions, Shard, iter_plan
-from specproxy.loadgen.progress import Progress, Snapshot
+from specproxy.loadgen.progress import Progress, ProgressSnapshot
 from specproxy.loadgen.target import Target
 from specproxy.recorder.recorder import Recorder, RecorderConfig
 from specproxy.serving import stop_signals
 from specproxy.workloads import Workload
 
-Reporter = Callable[[Snapshot], None]
+Reporter = Callable[[ProgressSnapshot], None]
 
 
 @dataclass(frozen=True, slots=True)

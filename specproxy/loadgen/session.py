@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specproxy.core.record import Record, read_records
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
-from specproxy.loadgen.progress import ProgressLine, Snapshot, render
+from specproxy.loadgen.progress import ProgressLine, ProgressSnapshot, render
 from specproxy.loadgen.replay import ReplayPlan, run_replay
 from specproxy.loadgen.runner import DriveResult, LoadSpec, run_shard
 from specproxy.loadgen.summary import RunSummary, summarize_run
@@ -55,20 +55,20 @@ async def check_target(target: Target, model: str | None, *, wait_ready_s: float
 def _read_run(path: Path, run_id: str) -> list[Record]:
     if not path.exists():
         return []
-    return [r for r in read_records(path) if r.get("run_id") == run_id]
+    return [r for r in read_records(path) if r["run_id"] == run_id]
 
 
 class _Live:
     """The latest progress snapshot and the line drawn from it."""
 
     def __init__(self, total: int | None, duration_s: float | None, show: bool | None) -> None:
-        self.snap: Snapshot = {}
+        self.snap: ProgressSnapshot = {}
         self.t0 = self.snap_t = time.monotonic()
         self.total = total
         self.duration_s = duration_s
         self.line = ProgressLine(self.text, force=bool(show)) if show is not False else None
 
-    def update(self, snap: Snapshot) -> None:
+    def update(self, snap: ProgressSnapshot) -> None:
         self.snap = snap
         self.snap_t = time.monotonic()  # rates over the time the counts were taken at, not the time of drawing
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specproxy.loadgen.progress import Snapshot, merge
+from specproxy.loadgen.progress import ProgressSnapshot, merge
 from specproxy.loadgen.runner import DriveResult, LoadSpec, run_shard
 from specproxy.serving import stop_signals
 
@@ -37,7 +37,7 @@ def part_path(out: Path, index: int) -> Path:
 def _worker(spec: LoadSpec, index: int, q: Any, report: bool) -> None:
     import uvloop
 
-    def reporter(snap: Snapshot) -> None:
+    def reporter(snap: ProgressSnapshot) -> None:
         q.put(("progress", index, snap))
 
     try:
@@ -50,7 +50,7 @@ def _worker(spec: LoadSpec, index: int, q: Any, report: bool) -> None:
 
 
 async def run_workers(
-    spec: LoadSpec, workers: int, out: Path, *, on_progress: Callable[[Snapshot], None] | None = None
+    spec: LoadSpec, workers: int, out: Path, *, on_progress: Callable[[ProgressSnapshot], None] | None = None
 ) -> DriveResult:
     ctx = mp.get_context("spawn")
     q: Any = ctx.Queue()
@@ -77,7 +77,7 @@ async def run_workers(
 
     results: dict[int, DriveResult] = {}
     errors: dict[int, str] = {}
-    snaps: dict[int, Snapshot] = {}
+    snaps: dict[int, ProgressSnapshot] = {}
     exited_at: dict[int, float] = {}
     try:
         with stop_signals(forward):

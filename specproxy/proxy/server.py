@@ -27,7 +27,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from specproxy.core.headers import REQUEST_ID_HEADER, WORKLOAD_HEADER
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
-from specproxy.recorder.recorder import Recorder, RequestMeta, Trace
+from specproxy.recorder.recorder import Recorder
+from specproxy.recorder.trace import RequestMeta, Trace
 from specproxy.serving import base_url, bound_ports, start_app, stop_signals
 
 log = logging.getLogger("specproxy.proxy")

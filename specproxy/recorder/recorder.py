@@ -1,8 +1,9 @@
 """The recorder: one per proxy process or load-generator run. It follows each request's response, shares the engine's
 counter deltas among overlapping requests, picks the best acceptance figure per request and writes one record each.
 
-Hot path (per upstream read): :meth:`Trace.feed`, an SSE scan and one small JSON parse per event. Everything else
-(waiting for the closing scrape, building the record, own metrics) runs in a finalisation task off the relay path.
+Hot path (per upstream read): :meth:`specproxy.recorder.trace.Trace.feed`, an SSE scan and one small JSON parse per
+event. Everything else (waiting for the closing scrape, building the record, own metrics) runs in a finalisation task
+off the relay path.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,12 @@ from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record, redact
 from specproxy.core.stats import step_and_token_gaps
-from specproxy.core.timeline import ResponseTimeline, TimelineResult
+from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, Tokenizer
 from specproxy.recorder.metrics import OwnMetrics
 from specproxy.recorder.scraper import Scraper
 from specproxy.recorder.sink import RecordSink
+from specproxy.recorder.trace import RequestMeta, Trace
 
 log = logging.getLogger("specproxy.recorder")
 
@@ -51,96 +53,6 @@ class RecorderConfig:
     calibration_hold_s: float = 60.0
     rotate_bytes: int = 256 * 1024 * 1024
     run_id: str | None = None
-
-
-@dataclass(slots=True)
-class RequestMeta:
-    method: str
-    path: str
-    workload: str
-    model: str | None = None
-    body: Any = None  # the parsed JSON body, kept only per --capture
-    stream_requested: bool = False
-    replay_of: str | None = None
-    repeat: int | None = None
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
-    started_at: float = field(default_factory=time.time)
-    start_ns: int = field(default_factory=time.perf_counter_ns)
-
-
-class Trace:
-    """One request's side of the recorder: its timeline, and its chunks reported to the counter ledger."""
-
-    __slots__ = (
-        "_keep_text",
-        "_ledger",
-        "_token_chunks",
-        "_tokenizer",
-        "headers_ns",
-        "meta",
-        "overhead_count",
-        "overhead_max_ns",
-        "overhead_ns",
-        "status",
-        "timeline",
-    )
-
-    def __init__(
-        self, meta: RequestMeta, *, tokenizer: Tokenizer | None, keep_text: bool, ledger: CounterLedger | None
-    ) -> None:
-        self.meta = meta
-        self._tokenizer = tokenizer
-        self._keep_text = keep_text
-        self._ledger = ledger  # None when the engine's counters are not scraped
-        self.status: int | None = None
-        self.headers_ns: int | None = None
-        self.timeline: ResponseTimeline | None = None
-        self._token_chunks = 0
-        self.overhead_ns = 0
-        self.overhead_max_ns = 0
-        self.overhead_count = 0
-
-    @property
-    def token_chunks(self) -> int:
-        """Token-bearing chunks seen so far: the first is the prefill step, the rest decode steps."""
-        return self._token_chunks
-
-    def response_started(self, status: int, content_type: str | None, content_encoding: str | None = None) -> None:
-        self.status = status
-        self.headers_ns = time.perf_counter_ns()
-        stream = bool(content_type and content_type.split(";", 1)[0].strip().lower() == "text/event-stream")
-        self.timeline = ResponseTimeline(
-            self.meta.start_ns,
-            stream=stream,
-            tokenizer=self._tokenizer,
-            keep_text=self._keep_text,
-            content_encoding=content_encoding,
-        )
-
-    def feed(self, t_ns: int, data: bytes) -> None:
-        tl = self.timeline
-        if tl is None:
-            return
-        before = len(tl.chunks)
-        tl.feed(t_ns, data)
-        chunks = tl.chunks
-        if len(chunks) == before:
-            return
-        ledger = self._ledger
-        exact = tl.exact_counts
-        for _, n in chunks[before:]:
-            if n <= 0:
-                continue
-            self._token_chunks += 1
-            if ledger is not None:
-                # the first token-bearing chunk is the prefill step: tokens, but no speculative step
-                ledger.record_chunk(self.meta.request_id, n, t_ns, exact=exact, decode=self._token_chunks > 1)
-
-    def add_overhead(self, ns: int) -> None:
-        self.overhead_ns += ns
-        self.overhead_count += 1
-        if ns > self.overhead_max_ns:
-            self.overhead_max_ns = ns
 
 
 class Recorder:

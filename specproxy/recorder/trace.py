@@ -1,0 +1,106 @@
+"""One request as the recorder follows it: what the request was (:class:`RequestMeta`) and its response as it
+arrives (:class:`Trace`), whose token-bearing chunks are reported to the counter ledger as they come.
+
+:meth:`Trace.feed` is on the relay's hot path: it runs once per upstream read, after the bytes went to the client.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from specproxy.attribution.ledger import CounterLedger
+from specproxy.core.timeline import ResponseTimeline
+from specproxy.core.tokens import Tokenizer
+
+
+@dataclass(slots=True)
+class RequestMeta:
+    method: str
+    path: str
+    workload: str
+    model: str | None = None
+    body: Any = None  # the parsed JSON body, kept only per --capture
+    stream_requested: bool = False
+    replay_of: str | None = None
+    repeat: int | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    started_at: float = field(default_factory=time.time)
+    start_ns: int = field(default_factory=time.perf_counter_ns)
+
+
+class Trace:
+    """One request's side of the recorder: its timeline, and its chunks reported to the counter ledger."""
+
+    __slots__ = (
+        "_keep_text",
+        "_ledger",
+        "_token_chunks",
+        "_tokenizer",
+        "headers_ns",
+        "meta",
+        "overhead_count",
+        "overhead_max_ns",
+        "overhead_ns",
+        "status",
+        "timeline",
+    )
+
+    def __init__(
+        self, meta: RequestMeta, *, tokenizer: Tokenizer | None, keep_text: bool, ledger: CounterLedger | None
+    ) -> None:
+        self.meta = meta
+        self._tokenizer = tokenizer
+        self._keep_text = keep_text
+        self._ledger = ledger  # None when the engine's counters are not scraped
+        self.status: int | None = None
+        self.headers_ns: int | None = None
+        self.timeline: ResponseTimeline | None = None
+        self._token_chunks = 0
+        self.overhead_ns = 0
+        self.overhead_max_ns = 0
+        self.overhead_count = 0
+
+    @property
+    def token_chunks(self) -> int:
+        """Token-bearing chunks seen so far: the first is the prefill step, the rest decode steps."""
+        return self._token_chunks
+
+    def response_started(self, status: int, content_type: str | None, content_encoding: str | None = None) -> None:
+        self.status = status
+        self.headers_ns = time.perf_counter_ns()
+        stream = bool(content_type and content_type.split(";", 1)[0].strip().lower() == "text/event-stream")
+        self.timeline = ResponseTimeline(
+            self.meta.start_ns,
+            stream=stream,
+            tokenizer=self._tokenizer,
+            keep_text=self._keep_text,
+            content_encoding=content_encoding,
+        )
+
+    def feed(self, t_ns: int, data: bytes) -> None:
+        tl = self.timeline
+        if tl is None:
+            return
+        before = len(tl.chunks)
+        tl.feed(t_ns, data)
+        chunks = tl.chunks
+        if len(chunks) == before:
+            return
+        ledger = self._ledger
+        exact = tl.exact_counts
+        for _, n in chunks[before:]:
+            if n <= 0:
+                continue
+            self._token_chunks += 1
+            if ledger is not None:
+                # the first token-bearing chunk is the prefill step: tokens, but no speculative step
+                ledger.record_chunk(self.meta.request_id, n, t_ns, exact=exact, decode=self._token_chunks > 1)
+
+    def add_overhead(self, ns: int) -> None:
+        self.overhead_ns += ns
+        self.overhead_count += 1
+        if ns > self.overhead_max_ns:
+            self.overhead_max_ns = ns
