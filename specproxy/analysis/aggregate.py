@@ -22,16 +22,11 @@ DEFAULT_GROUP_BY = ("workload", "label")
 NONE_KEY = "(none)"
 
 # Scalar figures, in the order tables show them. Units are in the names: `_s` seconds, `_tok_s` tokens per second.
+LATENCY_FIGURES = ("ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "itl_s_p50", "itl_s_p99", "step_s_p50", "step_s_p99")
 FIGURES = (
     "decode_tok_s_p50",
     "output_tok_s",
-    "ttft_s_p50",
-    "ttft_s_p90",
-    "ttft_s_p99",
-    "itl_s_p50",
-    "itl_s_p99",
-    "step_s_p50",
-    "step_s_p99",
+    *LATENCY_FIGURES,
     "tpot_s_p50",
     "tpot_s_p90",
     "e2e_s_p50",

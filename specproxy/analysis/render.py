@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specproxy.analysis.acceptance import Acceptance
-from specproxy.analysis.aggregate import FIGURES, GroupReport, Report
+from specproxy.analysis.aggregate import FIGURES, LATENCY_FIGURES, GroupReport, Report
 from specproxy.analysis.tables import Table, fmt, fmt_ms, fmt_pct, fmt_signed_pct, fmt_spread
 
 JSON_VERSION = 1
@@ -72,18 +72,7 @@ def report_tables(report: Report) -> list[Table]:
         lat_rows.append(
             (
                 *_keys(g),
-                *(
-                    fmt_ms(f(n))
-                    for n in (
-                        "ttft_s_p50",
-                        "ttft_s_p90",
-                        "ttft_s_p99",
-                        "itl_s_p50",
-                        "itl_s_p99",
-                        "step_s_p50",
-                        "step_s_p99",
-                    )
-                ),
+                *(fmt_ms(f(n)) for n in LATENCY_FIGURES),
             )
         )
         a = g.acceptance
