@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 Labels = tuple[tuple[str, str], ...]
@@ -63,21 +64,31 @@ def select_families(text: str, prefixes: tuple[str, ...] = RECORDER_FAMILIES) ->
     return "\n".join(out)
 
 
+PROBE_LINES = 64  # lines of an unrelated text parsed to tell an exposition from something else
+
+
+def _families(text: str) -> list[Metric]:
+    try:
+        return list(text_string_to_metric_families(text))
+    except Exception as e:  # the parser raises ValueError and friends on malformed exposition text
+        raise MetricsParseError(f"malformed metrics text: {e}") from e
+
+
 def parse_snapshot(text: str, *, only: tuple[str, ...] | None = None) -> Snapshot:
     """Parse an exposition text; ``only``: keep just the families with these name prefixes (much faster)."""
     if only is not None:
         selected = select_families(text, only)
-        if selected.strip() or not text.strip():
-            text = selected
-        # else: nothing of ours in it: parse it all, so that a malformed text is an error and not an empty snapshot
+        if not selected.strip() and text.strip():
+            # Nothing of ours in it. Parse its head, so that a text that is not an exposition at all (an HTML page,
+            # a wrong URL) is an error rather than an empty snapshot, but never the whole of a large unrelated text.
+            selected = "\n".join(text.splitlines()[:PROBE_LINES]) + "\n"
+            _families(selected)
+            selected = ""
+        text = selected
     values: dict[SeriesKey, float] = {}
     created: dict[SeriesKey, float] = {}
     types: dict[str, str] = {}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as e:  # the parser raises ValueError and friends on malformed exposition text
-        raise MetricsParseError(f"malformed metrics text: {e}") from e
-    for fam in families:
+    for fam in _families(text):
         for s in fam.samples:
             labels: Labels = tuple(sorted(s.labels.items()))
             if s.name.endswith("_created"):

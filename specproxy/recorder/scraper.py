@@ -4,7 +4,8 @@ One scrape is in flight at a time, at least ``min_gap_s`` (100 ms) apart. Asking
 returns a future for the first scrape that *starts* after the ask, so requests that end close together share one.
 While requests are in flight a periodic scrape (default every 250 ms) keeps the intervals short. Scrape load is
 bounded (at most 10 a second) whatever the request rate: it matters, since the engine's API server renders its whole
-/metrics text for each. Each scrape's delta settles the chunks that the engine counted in it (see
+/metrics text for each. What one scrape reads is bounded too (:data:`MAX_METRICS_BYTES`), and only the families the
+recorder uses are parsed. Each scrape's delta settles the chunks that the engine counted in it (see
 specproxy/attribution/ledger.py).
 """
 
@@ -35,6 +36,11 @@ from specproxy.core.prom import (
 
 log = logging.getLogger("specproxy.scraper")
 
+# vLLM's /metrics is ~55 KB (a few hundred KB with many models or LoRA adapters). A text over the cap is not read:
+# the scrape fails (counted, logged once) and attribution falls back, instead of the recorder parsing megabytes.
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+INLINE_PARSE_BYTES = 256 * 1024  # larger texts are filtered and parsed in a worker thread
+
 
 @dataclass(slots=True)
 class ScrapeState:
@@ -59,6 +65,7 @@ class Scraper:
         timeout_s: float = 2.0,
         min_gap_s: float = 0.1,
         grace_s: float = 0.02,
+        max_bytes: int = MAX_METRICS_BYTES,
         on_error: Callable[[], None] | None = None,
         on_settle: Callable[[], None] | None = None,
     ) -> None:
@@ -69,6 +76,7 @@ class Scraper:
         self.timeout_s = timeout_s
         self.min_gap_s = min_gap_s
         self.grace_s = grace_s
+        self.max_bytes = max_bytes
         self._last_start = 0.0
         self._on_error = on_error
         self._in_flight = ledger.in_flight
@@ -143,12 +151,17 @@ class Scraper:
             async with self._session.get(
                 self.url,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                headers={"Accept": "text/plain"},  # openmetrics would change the format
+                # openmetrics would change the format; identity keeps the byte cap a cap (no inflation)
+                headers={"Accept": "text/plain", "Accept-Encoding": "identity"},
             ) as resp:
                 if resp.status != 200:
                     raise ScrapeError(f"HTTP {resp.status}")
-                text = await resp.text(errors="replace")
-            snap = parse_snapshot(text, only=RECORDER_FAMILIES)
+                body = await self._read_capped(resp)
+            text = body.decode("utf-8", errors="replace")
+            if len(body) > INLINE_PARSE_BYTES:  # a large text: filter and parse it off the event loop
+                snap = await asyncio.to_thread(parse_snapshot, text, only=RECORDER_FAMILIES)
+            else:
+                snap = parse_snapshot(text, only=RECORDER_FAMILIES)
         except (aiohttp.ClientError, TimeoutError, MetricsParseError, ScrapeError, ValueError) as e:
             self._error(str(e) or type(e).__name__)
             return False
@@ -178,6 +191,18 @@ class Scraper:
         self.state.waiting = gauge(snap, "vllm:num_requests_waiting")
         self._last = snap
         return True
+
+    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The body, or a ScrapeError as soon as it passes ``max_bytes`` (the rest is never read)."""
+        declared = resp.content_length
+        if declared is not None and declared > self.max_bytes:
+            raise ScrapeError(f"metrics text of {declared} bytes is over the {self.max_bytes}-byte limit")
+        buf = bytearray()
+        async for chunk in resp.content.iter_any():
+            buf += chunk
+            if len(buf) > self.max_bytes:
+                raise ScrapeError(f"metrics text over the {self.max_bytes}-byte limit")
+        return bytes(buf)
 
     def _accumulate(self, c: SpecCounters) -> None:
         self._spec = self._spec + counts_of(c)
