@@ -10,7 +10,6 @@ missing), so readers use the fields as typed. Pure: :func:`parse_line` takes byt
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
@@ -314,23 +313,6 @@ def as_record(obj: Mapping[str, Any]) -> Record:
     if "read_bytes_per_token" in obj:
         rec["read_bytes_per_token"] = number(obj["read_bytes_per_token"])
     return rec
-
-
-_SECRET_KEY = re.compile(
-    r"(?i)^(api[_-]?key|authorization|proxy[_-]?authorization|password|passwd|secret|"
-    r"client[_-]?secret|access[_-]?token|refresh[_-]?token|id[_-]?token|cookie|set[_-]?cookie)$"
-)
-REDACTED = "[redacted]"
-
-
-def redact(value: Any) -> Any:
-    """A copy of a captured body with every value under a secret-looking key replaced: headers are never recorded,
-    but some clients put keys in the body too."""
-    if isinstance(value, dict):
-        return {k: REDACTED if isinstance(k, str) and _SECRET_KEY.match(k) else redact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
 
 
 def dumps(rec: Record) -> bytes:

@@ -23,7 +23,8 @@ import aiohttp
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
-from specproxy.core.record import SCHEMA_VERSION, Overhead, Record, redact
+from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
+from specproxy.core.redact import capture_body
 from specproxy.core.stats import step_and_token_gaps
 from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, Tokenizer
@@ -242,7 +243,7 @@ class Recorder:
             "flags": [],
             "proxy_overhead_s": None,
             "spec": None,
-            "request": redact(meta.body) if self.config.capture in ("request", "full") else None,
+            "request": capture_body(meta.body) if self.config.capture in ("request", "full") else None,
             "response_text": None,
             "replay_of": meta.replay_of,
         }

@@ -1,0 +1,107 @@
+"""Records that survive anything, and nothing on disk that should not be: a real proxy with ``--capture full`` writes
+no secret of any form a client may send, keeps what replay needs, and records a body nested too deep as a placeholder
+without flooding the log."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from specproxy.core.redact import REDACTED, TOO_DEEP
+from tests.proxyutil import running_proxy
+from tests.upstreams import Script, capture_pieces, start_upstream
+
+# One distinct secret per form a client may use; none of them may reach the record file.
+S = {name: f"SECRET-{name}-7f3a9c" for name in ("openai", "token", "bearer", "invalid", "form", "query", "multi")}
+S["sk"] = "sk-proj-Q1w2E3r4T5y6U7i8O9p0"
+S["text"] = "Zx81-TEXT-bearer-credential"
+HEADERS = {"Authorization": "Bearer SECRET-header-1", "Cookie": "session=SECRET-cookie-2", "X-Api-Key": "SECRET-x-3"}
+
+
+def _sse_upstream() -> Any:
+    pieces = capture_pieces("chat-stream-ngram-k3-code.sse")
+    return start_upstream(lambda req, body: Script(pieces))
+
+
+async def test_no_secret_of_any_form_reaches_the_record_file(tmp_path: Path) -> None:
+    json_body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": f"here is my key {S['sk']} thanks"}],
+        "stream": True,
+        "openai_api_key": S["openai"],
+        "token": S["token"],
+        "auth": {"bearer": S["bearer"]},
+        "max_tokens": 64,
+        "max_completion_tokens": 64,
+        "top_k": 20,
+        "logit_bias": {"50256": -100},
+        "skip_special_tokens": False,
+        "stop_token_ids": [2],
+        "truncate_prompt_tokens": 512,
+    }
+    multipart = (
+        f'--bnd\r\nContent-Disposition: form-data; name="password"\r\n\r\n{S["multi"]}\r\n'
+        '--bnd\r\nContent-Disposition: form-data; name="model"\r\n\r\nm\r\n--bnd--\r\n'
+    )
+    bodies: list[tuple[bytes, str]] = [
+        (orjson.dumps(json_body), "application/json"),
+        (b'{"model": "m", "api_key": "' + S["invalid"].encode() + b'", "max_tokens": 8,', "application/json"),
+        (f"api_key={S['form']}&model=m&max_tokens=8".encode(), "application/x-www-form-urlencoded"),
+        (f"?token={S['query']}&top_k=3".encode(), "application/x-www-form-urlencoded"),
+        (multipart.encode(), "multipart/form-data; boundary=bnd"),
+        (f"model: m\nAuthorization: Token {S['text']}\n".encode(), "text/plain"),
+    ]
+    up = await _sse_upstream()
+    try:
+        async with (
+            running_proxy(up.url, tmp_path, metrics=False, rec_capture="full") as px,
+            aiohttp.ClientSession() as s,
+        ):
+            for data, ctype in bodies:
+                headers = {**HEADERS, "Content-Type": ctype}
+                async with s.post(px.url + "/v1/chat/completions", data=data, headers=headers) as r:
+                    assert r.status == 200
+                    await r.read()
+            await px.flush()
+            records = px.records()
+    finally:
+        await up.server.close()
+    raw = (tmp_path / "records.jsonl").read_bytes()
+    for secret in [*S.values(), "SECRET-header-1", "SECRET-cookie-2", "SECRET-x-3"]:
+        assert secret.encode() not in raw, secret
+    assert len(records) == len(bodies)
+    req = records[0]["request"]
+    assert isinstance(req, dict)
+    for kept in ("max_tokens", "max_completion_tokens", "top_k", "logit_bias", "skip_special_tokens", "stop_token_ids"):
+        assert req[kept] == json_body[kept], kept
+    assert req["truncate_prompt_tokens"] == 512 and req["auth"] == REDACTED
+    assert req["messages"][0]["content"] == f"here is my key {REDACTED} thanks"
+    assert all(isinstance(r["request"], str) and REDACTED in r["request"] for r in records[1:])
+
+
+@pytest.mark.parametrize("depth", [300, 1_000, 100_000])
+async def test_a_body_nested_too_deep_is_still_one_record_and_a_quiet_log(
+    tmp_path: Path, depth: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    body = b'{"model": "m", "x": ' + b"[" * depth + b"]" * depth + b"}"
+    up = await _sse_upstream()
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False) as px, aiohttp.ClientSession() as s:
+            async with s.post(px.url + "/v1/chat/completions", data=body) as r:
+                assert r.status == 200
+                await r.read()
+            await px.flush()
+            records = px.records()
+            dropped = px.recorder.sink.dropped
+    finally:
+        await up.server.close()
+    (rec,) = records
+    assert rec["request"] == TOO_DEEP and rec["outcome"] == "ok" and dropped == 0
+    assert rec["completion_tokens"] == 101  # the response was recorded as ever
+    assert len(caplog.text) < 2_000, caplog.text[:2_000]
