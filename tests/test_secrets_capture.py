@@ -1,6 +1,6 @@
 """Records that survive anything, and nothing on disk that should not be: a real proxy with ``--capture full`` writes
-no secret of any form a client may send, keeps what replay needs, and records a body nested too deep as a placeholder
-without flooding the log."""
+no secret of any form a client may send, keeps what replay needs, records a body nested too deep as a placeholder
+without flooding the log; negative usage is not a count."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import aiohttp
 import orjson
 import pytest
 
+from specproxy.core.openai_stream import interpret_json
 from specproxy.core.redact import REDACTED, TOO_DEEP
+from specproxy.core.timeline import ResponseTimeline
 from tests.proxyutil import running_proxy
 from tests.upstreams import Script, capture_pieces, start_upstream
 
@@ -105,3 +107,53 @@ async def test_a_body_nested_too_deep_is_still_one_record_and_a_quiet_log(
     assert rec["request"] == TOO_DEEP and rec["outcome"] == "ok" and dropped == 0
     assert rec["completion_tokens"] == 101  # the response was recorded as ever
     assert len(caplog.text) < 2_000, caplog.text[:2_000]
+
+
+# -- usage: a negative count is no count ---------------------------------------------------------------------------
+def test_negative_usage_is_missing_and_marked() -> None:
+    c = interpret_json({"choices": [], "usage": {"prompt_tokens": -5, "completion_tokens": 7}})
+    assert (c.prompt_tokens, c.completion_tokens, c.bad_usage) == (None, 7, True)
+    c = interpret_json({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": -1}})
+    assert (c.prompt_tokens, c.completion_tokens, c.bad_usage) == (5, None, True)
+    c = interpret_json({"choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": 0}})
+    assert (c.prompt_tokens, c.completion_tokens, c.bad_usage) == (0, 0, False)
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def test_negative_usage_never_becomes_a_record_count() -> None:
+    tl = ResponseTimeline(0, stream=True)
+    delta = {"index": 0, "delta": {"content": "hello there"}, "finish_reason": None}
+    tl.feed(1_000_000, _event({"id": "x", "choices": [delta]}))
+    tl.feed(2_000_000, _event({"id": "x", "choices": [delta]}))
+    tl.feed(3_000_000, _event({"id": "x", "choices": [], "usage": {"prompt_tokens": -9, "completion_tokens": -4}}))
+    tl.feed(4_000_000, b"data: [DONE]\n\n")
+    res = tl.result(5_000_000)
+    assert res.prompt_tokens is None and res.completion_tokens is not None and res.completion_tokens > 0
+    assert "bad_usage" in res.flags
+    body = ResponseTimeline(0, stream=False)
+    body.feed(1_000_000, orjson.dumps({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": -1}}))
+    assert "bad_usage" in body.result(2_000_000).flags and body.result(2_000_000).prompt_tokens is None
+
+
+async def test_negative_usage_reaches_the_record_as_a_flag(tmp_path: Path) -> None:
+    delta = {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}
+    pieces = [
+        _event({"id": "x", "choices": [delta], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}),
+        _event({"id": "x", "choices": [delta], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}),
+        _event({"id": "x", "choices": [], "usage": {"prompt_tokens": -3, "completion_tokens": -2}}),
+        b"data: [DONE]\n\n",
+    ]
+    up = await start_upstream(lambda req, body: Script(pieces))
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False) as px, aiohttp.ClientSession() as s:
+            async with s.post(px.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+                await r.read()
+            await px.flush()
+            (rec,) = px.records()
+    finally:
+        await up.server.close()
+    assert "bad_usage" in rec["flags"]
+    assert (rec["prompt_tokens"], rec["completion_tokens"]) == (3, 2)  # the last sound figures, never -3 / -2

@@ -3,6 +3,7 @@
 One :func:`interpret` call per SSE event: one small JSON parse, nothing rebuilt. The result says what the event is
 (data chunk, ``[DONE]``, an in-stream error, or data that is not JSON: kept and flagged, never a crash) and pulls out
 what a recorder needs: text deltas, finish reason, usage, token ids and vLLM's ``metrics.speculative_decoding``.
+A negative usage count is read as missing and marked (``bad_usage``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class StreamChunk:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # cumulative, as the server reports it
+    bad_usage: bool = False  # the usage block held a negative count: read as missing
     n_token_ids: int | None = None  # ``token_ids`` lengths summed over choices, when the server sent them
     max_index: int = 0  # the highest choice index: above 0 means n > 1, several sequences per request
     spec: dict[str, Any] | None = None  # vLLM ``metrics.speculative_decoding``
@@ -62,6 +64,15 @@ def _delta_text(choice: dict[str, Any]) -> str:
 
 def _as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _usage_count(value: Any) -> tuple[int | None, bool]:
+    """A usage count and whether it was bad: a token count is never negative (OpenAI's CompletionUsage), so a
+    negative one is an upstream fault, kept out of the figures rather than recorded as a count."""
+    n = _as_int(value)
+    if n is not None and n < 0:
+        return None, True
+    return n, False
 
 
 def interpret_json(obj: Any) -> StreamChunk:
@@ -105,9 +116,10 @@ def interpret_json(obj: Any) -> StreamChunk:
                 n_ids = (n_ids or 0) + len(ids)
     usage = obj.get("usage")
     prompt_tokens = completion_tokens = None
+    bad_prompt = bad_completion = False
     if isinstance(usage, dict):
-        prompt_tokens = _as_int(usage.get("prompt_tokens"))
-        completion_tokens = _as_int(usage.get("completion_tokens"))
+        prompt_tokens, bad_prompt = _usage_count(usage.get("prompt_tokens"))
+        completion_tokens, bad_completion = _usage_count(usage.get("completion_tokens"))
     spec = None
     metrics = obj.get("metrics")
     if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
@@ -125,6 +137,7 @@ def interpret_json(obj: Any) -> StreamChunk:
         finish_reason=finish,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        bad_usage=bad_prompt or bad_completion,
         n_token_ids=n_ids,
         max_index=max_index,
         spec=spec,

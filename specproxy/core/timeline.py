@@ -94,6 +94,7 @@ class ResponseTimeline:
         self.first_token_ns: int | None = None
         self.last_token_ns: int | None = None
         self._final_usage: tuple[int | None, int | None] = (None, None)
+        self._bad_usage = False
         self._finish: str | None = None
         self._id: str | None = None
         self._spec: dict[str, Any] | None = None
@@ -170,6 +171,7 @@ class ResponseTimeline:
             self._spec = c.spec
         if c.llama_timings is not None:
             self._timings = c.llama_timings
+        self._bad_usage = self._bad_usage or c.bad_usage
         if c.prompt_tokens is not None or c.completion_tokens is not None:
             self._final_usage = (c.prompt_tokens, c.completion_tokens)
         n, source = self._tokens.count(
@@ -220,6 +222,8 @@ class ResponseTimeline:
             flags.append("compressed_not_parsed")
         if self._too_large:
             flags.append("event_too_large")
+        if self._bad_usage:
+            flags.append("bad_usage")
         ttft = (self.first_token_ns - self.start_ns) / 1e9 if self.first_token_ns is not None else None
         rate = decode_tok_s(self.chunks) if self.stream else None
         tpot = None
@@ -268,6 +272,7 @@ class ResponseTimeline:
         self._finish = c.finish_reason
         self._spec = c.spec
         self._timings = c.llama_timings
+        self._bad_usage = c.bad_usage
         self._final_usage = (c.prompt_tokens, c.completion_tokens)
         if self._keep_text:
             self._text.append(c.text[:TEXT_CAPTURE_LIMIT])
