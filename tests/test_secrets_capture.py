@@ -1,6 +1,6 @@
 """Records that survive anything, and nothing on disk that should not be: a real proxy with ``--capture full`` writes
 no secret of any form a client may send, keeps what replay needs, records a body nested too deep as a placeholder
-without flooding the log; negative usage is not a count."""
+without flooding the log; negative usage is not a count; trace lengths are bounded."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from specproxy.core.openai_stream import interpret_json
 from specproxy.core.redact import REDACTED, TOO_DEEP
 from specproxy.core.timeline import ResponseTimeline
+from specproxy.workloads import WorkloadError, load_workload
 from tests.proxyutil import running_proxy
 from tests.upstreams import Script, capture_pieces, start_upstream
 
@@ -157,3 +158,34 @@ async def test_negative_usage_reaches_the_record_as_a_flag(tmp_path: Path) -> No
         await up.server.close()
     assert "bad_usage" in rec["flags"]
     assert (rec["prompt_tokens"], rec["completion_tokens"]) == (3, 2)  # the last sound figures, never -3 / -2
+
+
+# -- trace lengths -------------------------------------------------------------------------------------------------
+def _error_of(path: Path) -> str:
+    with pytest.raises(WorkloadError) as info:
+        load_workload(str(path))
+    return str(info.value)
+
+
+@pytest.mark.timeout(20)  # before the bound, a trace asking 10^11 tokens built its prompt until memory ran out
+@pytest.mark.parametrize("length", [10_000_001, 99_999_999_999])
+@pytest.mark.parametrize("key", ["input_length", "output_length"])
+def test_mooncake_lengths_are_bounded(tmp_path: Path, key: str, length: int) -> None:
+    line = {"timestamp": 0, "input_length": 10, "output_length": 10, "hash_ids": [1]}
+    path = tmp_path / "t.jsonl"
+    path.write_text(orjson.dumps({**line, "output_length": 10_000_000}).decode() + "\n")
+    assert load_workload(str(path)).items[0].max_tokens == 10_000_000  # the bound itself is a length a trace may ask
+    path.write_text(orjson.dumps(line).decode() + "\n" + orjson.dumps({**line, key: length}).decode() + "\n")
+    message = _error_of(path)
+    assert message.startswith(f"{path}:2: {key} {length} is beyond the 10,000,000 tokens") and "\n" not in message
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("column", [1, 2])
+def test_azure_lengths_are_bounded(tmp_path: Path, column: int) -> None:
+    row = ["2023-11-16 18:15:46.6805900", "4808", "10"]
+    row[column] = "99999999999"
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:45.0,1,1\n" + ",".join(row) + "\n")
+    name = ("ContextTokens", "GeneratedTokens")[column - 1]
+    assert _error_of(path).startswith(f"{path}:3: {name} 99999999999 is beyond")

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from specproxy.workloads.corpus import PromptCorpus, trace_item
 from specproxy.workloads.registry import ReadOptions, WorkloadFormat
 from specproxy.workloads.sniff import WorkloadText
-from specproxy.workloads.types import DEFAULT_MAX_TOKENS, Workload, WorkloadError, check, name_from
+from specproxy.workloads.types import DEFAULT_MAX_TOKENS, Workload, WorkloadError, check, name_from, trace_length
 
 _AZURE_TS_RE = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:?\d{2})?")
 
@@ -55,6 +55,8 @@ def parse_azure_csv(text: str, *, source: str, corpus: PromptCorpus, limit: int 
         except ValueError as e:
             raise WorkloadError(f"{where}: {e}") from None
         check(context >= 0 and generated >= 0, where, "token counts must be non-negative")
+        context = trace_length(context, where, "ContextTokens")
+        generated = trace_length(generated, where, "GeneratedTokens")
         rows.append((ts_ns, context, generated))
     check(bool(rows), source, "no requests in the trace")
     start_ns = min(r[0] for r in rows)

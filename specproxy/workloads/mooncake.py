@@ -14,15 +14,7 @@ from typing import Any
 from specproxy.workloads.corpus import MOONCAKE_BLOCK_TOKENS, PromptCorpus, trace_item
 from specproxy.workloads.registry import ReadOptions, WorkloadFormat
 from specproxy.workloads.sniff import WorkloadText, json_lines
-from specproxy.workloads.types import DEFAULT_MAX_TOKENS, Workload, WorkloadError, check, name_from
-
-
-def _trace_int(record: dict[str, Any], key: str, where: str) -> int:
-    # 0 is a length a trace can record (an empty reply), so only negatives and non-integers are errors.
-    value = record.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise WorkloadError(f"{where}: {key} must be a non-negative integer (got {value!r})")
-    return value
+from specproxy.workloads.types import DEFAULT_MAX_TOKENS, Workload, check, name_from, trace_length
 
 
 def parse_mooncake(
@@ -45,7 +37,8 @@ def parse_mooncake(
             where,
             "hash_ids must be a list of integers",
         )
-        in_len, out_len = _trace_int(rec, "input_length", where), _trace_int(rec, "output_length", where)
+        in_len = trace_length(rec.get("input_length"), where, "input_length")
+        out_len = trace_length(rec.get("output_length"), where, "output_length")
         rows.append((float(ts), in_len, out_len, hash_ids))
     check(bool(rows), source, "no records in the trace")
     start_ms = min(r[0] for r in rows)

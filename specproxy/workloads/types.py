@@ -14,6 +14,9 @@ from typing import Any
 
 DEFAULT_MAX_TOKENS = 512
 MAX_NAME_CHARS = 64
+# A trace's token lengths become prompt text built in memory and max_tokens sent to the server, so they are bounded:
+# 10 million tokens is above any context window served today, and a larger figure is a corrupt or hostile file.
+MAX_TRACE_TOKENS = 10_000_000
 
 _NAME_RE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAME_CHARS}}}")
 
@@ -63,6 +66,22 @@ def check(ok: bool, where: str, what: str) -> None:
 def positive_int(value: Any) -> bool:
     # bool is an int subclass, and `"max_tokens": true` is a typo, not 1.
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def trace_length(value: Any, where: str, what: str) -> int:
+    """A token length from a trace: an integer from 0 (an empty reply is a length a trace can record) to
+    `MAX_TRACE_TOKENS`; anything else is a `WorkloadError` naming the place."""
+    check(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        where,
+        f"{what} must be a non-negative integer (got {value!r})",
+    )
+    check(
+        value <= MAX_TRACE_TOKENS,
+        where,
+        f"{what} {value} is beyond the {MAX_TRACE_TOKENS:,} tokens a trace may ask for (a corrupt trace?)",
+    )
+    return int(value)
 
 
 def check_name(name: Any, where: str) -> str:
