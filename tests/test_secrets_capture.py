@@ -1,6 +1,7 @@
 """Records that survive anything, and nothing on disk that should not be: a real proxy with ``--capture full`` writes
-no secret of any form a client may send, keeps what replay needs, records a body nested too deep as a placeholder
-without flooding the log; negative usage is not a count; trace lengths are bounded."""
+no secret of any form a client may send, keeps what replay needs, records bodies nested too deep as a placeholder
+without flooding the log; negative usage is not a count; trace lengths are bounded; replay never sends a recorded
+path that would leave the target."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import orjson
 import pytest
 
 from specproxy.core.openai_stream import interpret_json
+from specproxy.core.record import as_record
 from specproxy.core.redact import REDACTED, TOO_DEEP
 from specproxy.core.timeline import ResponseTimeline
+from specproxy.loadgen.replay import plan_replay
 from specproxy.workloads import WorkloadError, load_workload
 from tests.proxyutil import running_proxy
 from tests.upstreams import Script, capture_pieces, start_upstream
@@ -189,3 +192,28 @@ def test_azure_lengths_are_bounded(tmp_path: Path, column: int) -> None:
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:45.0,1,1\n" + ",".join(row) + "\n")
     name = ("ContextTokens", "GeneratedTokens")[column - 1]
     assert _error_of(path).startswith(f"{path}:3: {name} 99999999999 is beyond")
+
+
+# -- replay paths --------------------------------------------------------------------------------------------------
+def _rec(rid: str, path: str, request: Any = None) -> Any:
+    request = {"model": "m"} if request is None else request
+    return as_record({"request_id": rid, "started_at": 1.0, "method": "POST", "path": path, "request": request})
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["@evil.example:80/x", "//evil.example/x", "v1/chat/completions", "/v1/x\r\nHost: evil", "/v1 /x", "/\\evil"],
+)
+def test_replay_never_sends_a_path_that_leaves_the_target(path: str) -> None:
+    plan = plan_replay([_rec("ok", "/v1/chat/completions"), _rec("bad", path), _rec("none", "")], speed=None)
+    assert [e.path for _, e in plan.timed] == ["/v1/chat/completions", "/v1/chat/completions"]
+    assert [e.replay_of for _, e in plan.timed] == ["ok", "none"]  # no path recorded: the default endpoint
+    assert plan.bad_path == 1
+    assert any(n.startswith("1 of 3 recorded requests had a path that does not start with") for n in plan.notes())
+
+
+def test_replay_counts_bodies_it_could_not_capture() -> None:
+    plan = plan_replay([_rec("deep", "/v1/chat/completions", TOO_DEEP), _rec("form", "/v1/x", "a=1")], speed=None)
+    assert plan.timed == () and (plan.not_json, plan.no_body) == (2, 0)
+    assert plan.notes() == ["2 of 2 recorded requests had a body that is not a JSON object (text, or nested too deep "
+                            "to capture): not replayed"]  # fmt: skip
