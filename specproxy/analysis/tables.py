@@ -1,13 +1,16 @@
 """Plain tables and their renderings: aligned text for a terminal, GitHub-flavoured markdown, CSV.
 
 A :class:`Table` holds strings already formatted; numbers are formatted once by the helpers here, so every output
-format shows the same figures. Pure: tables in, text out.
+format shows the same figures. Cells carry client-controlled strings (a request's model and path, a workload or label
+from a header), so every rendering escapes them for its format: :func:`text_cell` for a terminal, :func:`md_cell`
+for markdown, :func:`csv_cell` for a spreadsheet (the HTML report uses ``html.escape``). Pure: tables in, text out.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -49,9 +52,30 @@ def fmt_spread(lo: float | None, hi: float | None, digits: int = 1) -> str:
     return "-" if lo is None or hi is None else f"{lo:.{digits}f}-{hi:.{digits}f}"
 
 
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates (Unicode TR9): a terminal acts on the first
+# (an ESC sequence can clear the screen or rewrite what was printed), and the last reorder what is shown.
+_UNPRINTABLE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def _visible(m: re.Match[str]) -> str:
+    return m.group(0).encode("unicode_escape").decode("ascii")
+
+
+def text_cell(text: str) -> str:
+    """A cell for a terminal: control and bidi characters shown as escapes (``\\x1b``, ``\\n``), never acted on."""
+    return _UNPRINTABLE_RE.sub(_visible, text)
+
+
 def render_text(tables: Sequence[Table]) -> str:
     out: list[str] = []
     for t in tables:
+        t = Table(
+            text_cell(t.title),
+            tuple(text_cell(h) for h in t.headers),
+            tuple(tuple(text_cell(c) for c in r) for r in t.rows),
+            t.align,
+            tuple(text_cell(n) for n in t.notes),
+        )
         widths = [len(h) for h in t.headers]
         for row in t.rows:
             for i, cell in enumerate(row):
@@ -74,30 +98,54 @@ def render_text(tables: Sequence[Table]) -> str:
     return "\n".join(out)
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+# GitHub-flavoured markdown: a backslash escapes any ASCII punctuation (spec 2.4), so "|" stays in its cell (spec
+# 4.10), backticks open no code span and brackets no link or image (an image is fetched when the page is viewed);
+# "<", ">" and "&" become entity references so no raw HTML (spec 6.6) reaches the renderer. The backslash itself is
+# escaped first, or "\\|" in a name would end the cell.
+_MD_ESCAPES = str.maketrans(
+    {"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]", "<": "&lt;", ">": "&gt;", "&": "&amp;"}
+)
+_LINE_BREAK_RE = re.compile("\r\n|[\r\n\u2028\u2029]")
+
+
+def md_cell(text: str) -> str:
+    """Text for one markdown table cell, heading or list item: escaped, on one line, without control characters."""
+    return text_cell(_LINE_BREAK_RE.sub(" ", text.translate(_MD_ESCAPES)))
 
 
 def render_md(tables: Sequence[Table], heading: str = "###") -> str:
     out: list[str] = []
     for t in tables:
         if t.title:
-            out.append(f"{heading} {t.title}")
+            out.append(f"{heading} {md_cell(t.title)}")
             out.append("")
-        out.append("| " + " | ".join(_md_cell(h) for h in t.headers) + " |")
+        out.append("| " + " | ".join(md_cell(h) for h in t.headers) + " |")
         out.append("|" + "|".join("---:" if t.alignment(i) == "r" else "---" for i in range(len(t.headers))) + "|")
-        out.extend("| " + " | ".join(_md_cell(c) for c in r) + " |" for r in t.rows)
+        out.extend("| " + " | ".join(md_cell(c) for c in r) + " |" for r in t.rows)
         if t.notes:
             out.append("")
-            out.extend(f"- {_md_cell(n)}" for n in t.notes)
+            out.extend(f"- {md_cell(n)}" for n in t.notes)
         out.append("")
     return "\n".join(out)
 
 
+def csv_cell(value: object) -> object:
+    """A CSV value that a spreadsheet shows rather than runs: text starting with ``=``, ``+``, ``-``, ``@``, a tab
+    or a carriage return is a formula to Excel, LibreOffice and Google Sheets (OWASP "CSV Injection"), so it gets a
+    leading ``'``. Only text: numbers, negative ones included, are written as numbers."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 def render_csv(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """CSV by the csv module (RFC 4180 quoting: commas, quotes and line breaks stay inside their cell), each cell
+    through :func:`csv_cell`."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(headers)
+    w.writerow([csv_cell(h) for h in headers])
     for r in rows:
-        w.writerow(["" if v is None else v for v in r])
+        w.writerow([csv_cell(v) for v in r])
     return buf.getvalue()
