@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from specproxy.core.openai_stream import interpret_json
 from specproxy.core.record import as_record
@@ -109,6 +110,7 @@ async def test_a_body_nested_too_deep_is_still_one_record_and_a_quiet_log(
         await up.server.close()
     (rec,) = records
     assert rec["request"] == TOO_DEEP and rec["outcome"] == "ok" and dropped == 0
+    assert "body_too_deep" in rec["flags"]
     assert rec["completion_tokens"] == 101  # the response was recorded as ever
     assert len(caplog.text) < 2_000, caplog.text[:2_000]
 
@@ -217,3 +219,38 @@ def test_replay_counts_bodies_it_could_not_capture() -> None:
     assert plan.timed == () and (plan.not_json, plan.no_body) == (2, 0)
     assert plan.notes() == ["2 of 2 recorded requests had a body that is not a JSON object (text, or nested too deep "
                             "to capture): not replayed"]  # fmt: skip
+
+
+async def test_a_key_the_model_echoes_is_not_written_with_capture_full(tmp_path: Path) -> None:
+    key = "sk-proj-4f9c2b7e1a0d8c6b5a4f3e2d1c0b9a8f"
+    app = web.Application()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in ("your key is ", key, " keep it safe"):
+            chunk = {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"content": piece}}],
+            }
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with running_proxy(f"http://127.0.0.1:{port}", tmp_path, metrics=False, rec_capture="full") as px:
+            async with aiohttp.ClientSession() as s, s.post(px.url + "/v1/chat/completions", json={"model": "m"}) as r:
+                assert key in (await r.read()).decode()  # the client gets the text as it came
+            await px.flush()
+            (rec,) = px.records()
+    finally:
+        await runner.cleanup()
+    assert rec["response_text"] is not None and "keep it safe" in rec["response_text"]
+    assert key not in px.record.read_text()

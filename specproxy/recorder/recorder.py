@@ -24,7 +24,7 @@ from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
-from specproxy.core.redact import capture_body
+from specproxy.core.redact import TOO_DEEP, capture_body, redact_values
 from specproxy.core.stats import step_and_token_gaps
 from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, Tokenizer
@@ -173,7 +173,7 @@ class Recorder:
                 engine_drafts_partially=self.ledger.partial_drafting,
             )
         )
-        flags = [*tl.flags, *choice.flags]
+        flags = [*rec["flags"], *tl.flags, *choice.flags]
         if tl.stream and outcome == "ok" and not tl.done:
             flags.append("no_done_marker")
         rec["upstream_id"] = tl.upstream_id
@@ -201,13 +201,14 @@ class Recorder:
                 count=trace.overhead_count,
             )
         rec["spec"] = choice.spec_block()
-        if self.config.capture == "full":
-            rec["response_text"] = tl.response_text
+        if self.config.capture == "full" and tl.response_text is not None:
+            rec["response_text"] = redact_values(tl.response_text)  # a model may echo a key it was given
         return rec
 
     def _minimal_record(self, trace: Trace, outcome: str, error: str | None) -> Record:
         """Every field, with what is known before the response is read: the record of a request that got none."""
         meta = trace.meta
+        captured = capture_body(meta.body) if self.config.capture in ("request", "full") else None
         return {
             "schema_version": SCHEMA_VERSION,
             "request_id": meta.request_id,
@@ -240,10 +241,10 @@ class Recorder:
             "multi_event_reads": 0,
             "keepalives": 0,
             "chunks_are_steps": False,
-            "flags": [],
+            "flags": ["body_too_deep"] if captured == TOO_DEEP else [],
             "proxy_overhead_s": None,
             "spec": None,
-            "request": capture_body(meta.body) if self.config.capture in ("request", "full") else None,
+            "request": captured,
             "response_text": None,
             "replay_of": meta.replay_of,
         }
