@@ -2,8 +2,9 @@
 parsing.
 
 Every failure a user sees is written by :func:`error_boundary`: one line on stderr and an exit code, never a
-traceback. Each command's body runs inside it (commands register with :func:`command`), and so does the whole command
-line (:func:`specproxy.cli.main`), for what fails before any command runs: an unknown command, a missing or malformed
+traceback; so is every warning meant for the user (``specproxy: warning: ...``, see :data:`USER_WARNINGS`). Each
+command's body runs inside it (commands register with :func:`command`), and so does the whole command line
+(:func:`specproxy.cli.main`), for what fails before any command runs: an unknown command, a missing or malformed
 option.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import logging
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -63,7 +65,8 @@ def error_boundary() -> Iterator[None]:
         return
     token = _outermost.set(False)
     try:
-        yield
+        with _warnings_on_stderr():
+            yield
     except CommandError as e:
         _report(f"specproxy: error: {e}", e.code)
     except Interrupted:
@@ -77,6 +80,42 @@ def error_boundary() -> Iterator[None]:
         _report(f"{where}: error: {' '.join(message.split())}", getattr(e, "exit_code", EXIT_USAGE))
     finally:
         _outermost.reset(token)
+
+
+# Loggers whose warnings are meant for the user of a command, not for an operator's log: a record file's partial line
+# skipped (``specproxy.core.record``).
+USER_WARNINGS = ("specproxy.records",)
+
+
+class _WarningLine(logging.Handler):
+    """``specproxy: warning: ...``, one line on stderr, next to the boundary's error lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = " ".join(record.getMessage().split())
+            sys.stderr.write(f"specproxy: warning: {line}\n")  # the stderr of the moment (tests swap it)
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _warnings_on_stderr() -> Iterator[None]:
+    """For a command's time, the loggers of :data:`USER_WARNINGS` write their warnings as one line each on stderr,
+    and only there (not also through a log format a command set up)."""
+    handler = _WarningLine(logging.WARNING)
+    loggers = [logging.getLogger(name) for name in USER_WARNINGS]
+    saved = [(lg.propagate, lg.level) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False
+        lg.setLevel(logging.WARNING)  # whatever level the root logger was given
+    try:
+        yield
+    finally:
+        for lg, (propagate, level) in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.propagate = propagate
+            lg.setLevel(level)
 
 
 def command(app: typer.Typer, name: str) -> Callable[[Callable[P, None]], Callable[P, None]]:

@@ -10,6 +10,9 @@ missing), so readers use the fields as typed. Pure: :func:`parse_line` takes byt
 
 from __future__ import annotations
 
+import codecs
+import logging
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
@@ -131,6 +134,14 @@ def upgrade(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
+# Readers warn here when they skip a partial line; the command line shows these as ``specproxy: warning: ...``.
+log = logging.getLogger("specproxy.records")
+
+
+class NotJSONError(RecordError):
+    """A line that is not JSON at all (as opposed to JSON that is not a record, or a record too new to read)."""
+
+
 def parse_line(line: bytes) -> Record | None:
     """One line of a record file; None for a blank line. Raises RecordError for anything else that is not a record."""
     line = line.strip()
@@ -139,7 +150,7 @@ def parse_line(line: bytes) -> Record | None:
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as e:
-        raise RecordError(f"not JSON: {e}") from e
+        raise NotJSONError(f"not JSON: {e}") from e
     if not isinstance(obj, dict) or "request_id" not in obj:
         raise RecordError("not a specproxy record (no request_id)")
     return as_record(upgrade(obj))
@@ -158,7 +169,13 @@ def record_files(path: Path) -> list[Path]:
 
 
 def read_records(path: str | Path) -> Iterator[Record]:
-    """Every record of a run file (with its rotations) or directory. Errors name the file and line."""
+    """Every record of a run file (with its rotations) or directory. Errors name the file and line.
+
+    A write cut short (a crash, a full disk, a file read while it is written or copied) leaves a partial line: a last
+    line without its newline that is not JSON, or, once a restarted writer has ended it and appended more, a line that
+    is a JSON object cut short. Such a line is skipped with a warning on the ``specproxy.records`` logger (one line,
+    naming the file), so one interrupted write never makes a file unreadable. Any other malformed line is an error.
+    """
     p = Path(path)
     files = record_files(p)
     if not files:
@@ -172,10 +189,34 @@ def read_records(path: str | Path) -> Iterator[Record]:
             for lineno, line in enumerate(fh, 1):
                 try:
                     rec = parse_line(line)
+                except NotJSONError as e:
+                    if not line.endswith(b"\n"):
+                        log.warning("%s: skipped a partial last line (a write cut short)", f)
+                        continue
+                    if _cut_short(line):
+                        log.warning("%s:%d: skipped a partial line (a write cut short, then appended to)", f, lineno)
+                        continue
+                    raise RecordError(f"{f}:{lineno}: {e}") from e
                 except RecordError as e:
                     raise RecordError(f"{f}:{lineno}: {e}") from e
                 if rec is not None:
                     yield rec
+
+
+def _cut_short(line: bytes) -> bool:
+    """Whether a line is the start of a JSON object whose end is missing: what an interrupted append leaves, as
+    opposed to a line damaged anywhere else (which stays an error)."""
+    line = line.strip()
+    if not line.startswith(b"{"):
+        return False
+    try:  # a cut may fall inside a multi-byte character: drop the incomplete end, refuse anything else invalid
+        text = codecs.getincrementaldecoder("utf-8")().decode(line, final=False)
+        orjson.loads(text)
+    except UnicodeDecodeError:
+        return False
+    except orjson.JSONDecodeError as e:
+        return e.pos >= len(text)  # the parser ran out of input; everything before the cut was valid
+    return False
 
 
 # -- typing what was read ------------------------------------------------------------------------------------------
