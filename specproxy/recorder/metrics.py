@@ -62,9 +62,19 @@ class OwnMetrics:
         self.scrape_errors = Counter(
             "specproxy_upstream_scrape_errors", "Failed scrapes of the engine's /metrics.", registry=r
         )
-        self.records_written = Counter("specproxy_records_written", "Records written.", registry=r)
-        self.records_dropped = Counter("specproxy_records_dropped", "Records lost (sink failing).", registry=r)
+        self.records_written = Counter("specproxy_records_written", "Records written (all their bytes).", registry=r)
+        self.records_dropped = Counter(
+            "specproxy_records_dropped",
+            "Records lost: never written (over the queue's byte bound while writes fail, unwritable at shutdown).",
+            registry=r,
+        )
+        self.records_queued_bytes = Gauge(
+            "specproxy_records_queued_bytes", "Bytes of records waiting to be written.", registry=r
+        )
         self.sink_errors = Counter("specproxy_record_sink_errors", "Failed record writes.", registry=r)
+        self.record_files_deleted = Counter(
+            "specproxy_record_files_deleted", "Rotated record files deleted (--rotate-keep).", registry=r
+        )
         self.overhead = Histogram(
             "specproxy_proxy_overhead_seconds",
             "Time recording adds per relayed read (SSE scan, JSON parse, timeline), per request mean.",

@@ -30,7 +30,7 @@ from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, Tokenizer
 from specproxy.recorder.metrics import OwnMetrics
 from specproxy.recorder.scraper import Scraper
-from specproxy.recorder.sink import RecordSink
+from specproxy.recorder.sink import DEFAULT_MAX_PENDING_BYTES, RecordSink
 from specproxy.recorder.trace import RequestMeta, Trace
 
 log = logging.getLogger("specproxy.recorder")
@@ -53,6 +53,9 @@ class RecorderConfig:
     # model that improves with every scrape interval: their records wait for it to settle up to this long.
     calibration_hold_s: float = 60.0
     rotate_bytes: int = 256 * 1024 * 1024
+    # Rotated files kept (0: all). A run's records are read back whole, so only the proxy deletes, and only when asked.
+    rotate_keep: int = 0
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES  # records waiting for the disk; past it they are lost
     run_id: str | None = None
 
 
@@ -68,10 +71,14 @@ class Recorder:
         self.sink = RecordSink(
             Path(config.record_path) if config.record_path else None,
             rotate_bytes=config.rotate_bytes,
+            keep=config.rotate_keep,
+            max_pending_bytes=config.max_pending_bytes,
             on_written=self.metrics.records_written.inc,
             on_dropped=self.metrics.records_dropped.inc,
             on_error=self.metrics.sink_errors.inc,
+            on_deleted=self.metrics.record_files_deleted.inc,
         )
+        self.metrics.records_queued_bytes.set_function(lambda: self.sink.queued_bytes)
         self.scraper = Scraper(
             session,
             config.metrics_url,
@@ -314,7 +321,14 @@ class Recorder:
                 "draft_tokens": cum.draft_tokens if cum else None,
                 "unattributed_accepted": self.ledger.unattributed.accepted,
             },
-            "records": {"written": self.sink.written, "dropped": self.sink.dropped, "sink_errors": self.sink.errors},
+            "records": {
+                "written": self.sink.written,
+                "dropped": self.sink.dropped,  # lost: never written, and never will be
+                "queued": self.sink.queued,
+                "queued_bytes": self.sink.queued_bytes,
+                "sink_errors": self.sink.errors,
+                "files_deleted": self.sink.files_deleted,
+            },
         }
 
     def _check_calibration(self) -> None:
