@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,6 +15,7 @@ from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import RecorderConfig
+from specproxy.recorder.sink import FILE_MODE
 
 CAPTURES = ("none", "request", "full")
 
@@ -71,6 +73,12 @@ def register(app: typer.Typer) -> None:
         max_connections: int = typer.Option(0, "--max-connections", help="Upstream connection cap (0: none)."),
         drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds to let streams finish on stop."),
         rotate_mb: int = typer.Option(256, "--rotate-mb", help="Rotate the record file past this size (0: never)."),
+        rotate_keep: int = typer.Option(
+            10, "--rotate-keep", help="Rotated record files kept; older ones are deleted, logged and counted (0: all)."
+        ),
+        record_buffer: str = typer.Option(
+            "64MB", "--record-buffer", help="Memory for records waiting for the disk; past it they are lost, counted."
+        ),
         fail_closed: bool = typer.Option(False, "--fail-closed", help="Refuse traffic (503) when records fail."),
         log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
     ) -> None:
@@ -95,6 +103,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 "--drain-timeout, --max-connections, --rotate-mb and --attribution-hold cannot be negative"
             )
+        if rotate_keep < 0:
+            raise typer.BadParameter(f"--rotate-keep cannot be negative, got {rotate_keep}")
         if k is not None and k < 1:
             raise typer.BadParameter(f"--k must be at least 1, got {k}")
         if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -108,12 +118,12 @@ def register(app: typer.Typer) -> None:
             except RulesError as e:
                 fail(str(e))
         max_body_bytes = parse_size(max_body)  # every option is checked before anything touches the disk
+        record_buffer_bytes = parse_size(record_buffer)
         record_path = None if record == "-" else record
         if record_path is not None:
             try:
                 Path(record_path).parent.mkdir(parents=True, exist_ok=True)
-                with open(record_path, "ab"):
-                    pass
+                os.close(os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE))
             except OSError as e:
                 fail(f"cannot write records to {record_path}: {e.strerror}")
         cfg = ProxyConfig(
@@ -130,6 +140,8 @@ def register(app: typer.Typer) -> None:
                 scrape_min_gap_s=scrape_min_gap,
                 calibration_hold_s=attribution_hold,
                 rotate_bytes=rotate_mb * 1024 * 1024,
+                rotate_keep=rotate_keep,
+                max_pending_bytes=record_buffer_bytes,
             ),
             rules=parsed_rules,
             connect_timeout_s=connect_timeout,
@@ -144,22 +156,26 @@ def register(app: typer.Typer) -> None:
 
 
 async def _main(cfg: ProxyConfig) -> None:
+    """Serve until SIGTERM / SIGINT, drain, write every record; fail (exit 1) if any record was lost."""
     import asyncio
 
-    from specproxy.proxy.server import serve
+    from specproxy.proxy.server import start_proxy
+    from specproxy.serving import bound_ports, stop_signals
 
-    ready = asyncio.Event()
-    bound: list[int] = []
-
-    async def announce() -> None:
-        await ready.wait()
-        where = ", ".join(f"http://{cfg.host}:{p}" for p in bound) or f"http://{cfg.host}:{cfg.port}"
-        typer.echo(f"specproxy proxy: {where} -> {cfg.upstream}", err=True)
-
-    task = asyncio.create_task(announce())
     try:
-        await serve(cfg, ready=ready, bound=bound)
+        handle = await start_proxy(cfg)
     except OSError as e:
         raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", EXIT_FAILURE) from None
+    stop = asyncio.Event()
+    try:
+        with stop_signals(lambda _signum: stop.set()):
+            where = ", ".join(f"http://{cfg.host}:{p}" for p in bound_ports(handle.runner))
+            typer.echo(f"specproxy proxy: {where} -> {cfg.upstream}", err=True)
+            await stop.wait()
     finally:
-        task.cancel()
+        await handle.close()  # stops listening, drains in-flight requests, writes every record it can
+    sink = handle.recorder.sink
+    if sink.dropped:
+        raise CommandError(
+            f"{sink.dropped} records were lost (not written to {sink.path}; {sink.written} written)", EXIT_FAILURE
+        )
