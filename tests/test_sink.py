@@ -45,6 +45,14 @@ class DiskFillsUp(RecordSink):
         super().__init__(path, **kw)  # type: ignore[arg-type]
         self.limit = limit
         self.cut_fails = cut_fails
+        self.resting = False  # an append of a single record failed: the writer waits retry_s before the next one
+
+    def _append(self, data: bytes) -> None:
+        try:
+            super()._append(data)
+        except OSError:
+            self.resting = data.count(b"\n") == 1
+            raise
 
     def _write(self, fd: int, data: memoryview) -> int:
         if self.limit is None:
@@ -75,35 +83,54 @@ async def test_a_write_cut_short_is_cut_back_and_written_once(tmp_path: Path, ro
     path = tmp_path / "r.jsonl"
     sink = DiskFillsUp(path, limit=room)
     sink.append_bytes = append_bytes
+    sink.retry_s = 3600  # at rest after the first failure of a single record, until close() wakes it
     await sink.start()
     records = [rec(i) for i in range(12)]
     for r in records:
         sink.put(r)
-    await until(lambda: sink.errors >= 2, "the write failed, and its retry too")
-    # while the disk is full: whole lines only, each counted, none twice
+    await until(lambda: sink.resting, "the writer failed down to one record")
+    # while the disk is full: whole lines only, each counted, none twice, as many as fit
     assert path.read_bytes().endswith(b"\n") or path.stat().st_size == 0
     on_disk = ids(path)
     assert on_disk == [r["request_id"] for r in records[: len(on_disk)]]
+    assert len(on_disk) == room // len(dumps(records[0]))
     assert sink.written == len(on_disk) and sink.queued == len(records) - len(on_disk)
     assert sink.dropped == 0 and not sink.healthy
     sink.limit = None  # the filesystem grows
-    await until(lambda: sink.queued == 0, "the queue drained")
-    await sink.close()
+    await sink.close()  # the writer tries again at once, and writes everything
     assert ids(path) == [r["request_id"] for r in records]  # exactly one line per record, in order
     assert lines(path) == [dumps(r) for r in records]  # nothing glued, nothing partial
     assert sink.written == len(records) and sink.dropped == 0 and sink.healthy
 
 
+async def test_a_disk_with_a_little_room_takes_as_many_whole_records_as_fit(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    one = len(dumps(rec(0)))
+    sink = DiskFillsUp(path, limit=one * 3 + one // 2)
+    sink.retry_s = 3600
+    records = [rec(i) for i in range(12)]
+    for r in records:  # queued before the writer starts: one append would carry them all
+        sink.put(r)
+    await sink.start()
+    await until(lambda: sink.resting, "the writer failed down to one record")
+    assert sink.written == 3
+    assert lines(path) == [dumps(r) for r in records[:3]]
+    await sink.close()  # the disk never grew: the rest is lost, and counted
+    assert lines(path) == [dumps(r) for r in records[:3]]
+    assert sink.written == 3 and sink.dropped == 9
+
+
 async def test_a_cut_back_that_fails_is_done_before_the_next_append(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     sink = DiskFillsUp(path, limit=300, cut_fails=1)
+    sink.retry_s = 3600
     await sink.start()
     records = [rec(i) for i in range(5)]
     for r in records:
         sink.put(r)
-    await until(lambda: sink.errors >= 2, "the write failed twice")
+    await until(lambda: sink.resting, "the writer failed down to one record")
+    assert sink.cut_fails == 0 and path.read_bytes() == b""  # the partial bytes left by the first failure are gone
     sink.limit = None
-    await until(lambda: sink.queued == 0, "the queue drained")
     await sink.close()
     assert lines(path) == [dumps(r) for r in records]
     assert sink.written == 5

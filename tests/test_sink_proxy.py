@@ -69,9 +69,15 @@ async def test_disk_full_then_grown_gives_exactly_one_line_per_request(tmp_path:
         _, hard = resource.prlimit(proc.pid, resource.RLIMIT_FSIZE)
         resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, hard))  # the disk is nearly full
         ids = await _send(s, url, 120, 8, max_tokens=8)
-        st = await _until_status(s, url, lambda st: st["sink_errors"] >= 2, "writes failing, and retried")
-        # while full: the file holds whole lines only, exactly the ones counted as written
-        on_disk = record.read_bytes()
+        await _until_status(s, url, lambda st: st["sink_errors"] >= 2, "writes failing, and retried")
+        # while full: the file holds whole lines only, exactly the ones counted as written. Taken between two
+        # identical statuses: the writer rests a second between attempts once even one record does not fit.
+        for _ in range(100):
+            st = await _status(s, url)
+            on_disk = record.read_bytes()
+            if await _status(s, url) == st:
+                break
+            await asyncio.sleep(0.05)
         assert len(on_disk) <= limit and on_disk.endswith(b"\n")
         assert on_disk.count(b"\n") == st["written"] > 0 and st["dropped"] == 0
         resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (hard, hard))  # the filesystem grows

@@ -28,6 +28,7 @@ import os
 import stat
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 
 from specproxy.core.record import Record, dumps
@@ -35,8 +36,7 @@ from specproxy.core.record import Record, dumps
 log = logging.getLogger("specproxy.sink")
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
-# One append carries at most this much (and at least one record): a disk with a little room left still takes records
-# a few at a time, and a failed append has little to cut back.
+# One append carries at most this much (and at least one record): a failed append has little to cut back.
 APPEND_BYTES = 1024 * 1024
 RETRY_S = 1.0
 FILE_MODE = 0o600
@@ -140,6 +140,9 @@ class RecordSink:
             self._on_dropped(n)
 
     async def _run(self) -> None:
+        # Bytes the next append may carry: halved after a failed append of several records, so that a disk with a
+        # little room left still takes whole records, as many as fit; doubled back after each success.
+        budget = self.append_bytes
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -150,14 +153,17 @@ class RecordSink:
                     self._pending_bytes = 0
                     self._count(n)
                     continue
-                n, size = self._next_append()
-                data = b"".join(self._queue[i] for i in range(n))
+                n, size = self._next_append(budget)
+                data = b"".join(islice(self._queue, n))
                 try:
                     await asyncio.to_thread(self._append, data)
                 except Exception as e:  # OSError mostly; anything else must not kill the writer either
                     if not isinstance(e, OSError):
                         log.exception("writing records to %s failed", self.path)
                     self._failed(str(e))
+                    if n > 1:
+                        budget = max(1, size // 2)  # fewer records at once, right away
+                        continue
                     if self._closing:
                         return
                     with contextlib.suppress(TimeoutError):
@@ -167,7 +173,10 @@ class RecordSink:
                     self._queue.popleft()
                 self._pending_bytes -= size
                 self._count(n)
-                if not self.healthy:
+                full = budget >= self.append_bytes
+                budget = min(self.append_bytes, budget * 2)
+                # recovered once appends of full size succeed again, or nothing is left to write
+                if not self.healthy and (full or not self._queue):
                     log.warning("record sink recovered: %s", self.path)
                     self.healthy = True
                     self._last_error = None
@@ -177,11 +186,11 @@ class RecordSink:
             if self._closing:
                 return
 
-    def _next_append(self) -> tuple[int, int]:
-        """How many records from the head of the queue the next append carries, and their bytes."""
+    def _next_append(self, budget: int) -> tuple[int, int]:
+        """How many records from the head of the queue the next append carries (at least one), and their bytes."""
         n = size = 0
         for line in self._queue:
-            if n and size + len(line) > self.append_bytes:
+            if n and size + len(line) > budget:
                 break
             n += 1
             size += len(line)
