@@ -53,7 +53,7 @@ class RecorderConfig:
     # model that improves with every scrape interval: their records wait for it to settle up to this long.
     calibration_hold_s: float = 60.0
     rotate_bytes: int = 256 * 1024 * 1024
-    # Rotated files kept (0: all). A run's records are read back whole, so only the proxy deletes, and only when asked.
+    # Rotated files kept (0: all). Runs keep all, since they read their records back; the proxy's --rotate-keep sets it.
     rotate_keep: int = 0
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES  # records waiting for the disk; past it they are lost
     run_id: str | None = None
