@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import codecs
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
