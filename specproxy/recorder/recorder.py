@@ -350,8 +350,11 @@ def _zero_acceptance(c: SpecCounts) -> bool:
 
 
 def _one_line(err: Any) -> str:
+    # the engine's own words, which may quote the request (bytes, URLs with keys): kept as one safe line
+    from specproxy.core.errors import one_line  # here: this function is the recorder's only use of it
+
     if isinstance(err, Mapping):
         msg = err.get("message")
         if isinstance(msg, str):
-            return " ".join(msg.split())[:500]
-    return " ".join(str(err).split())[:500]
+            return one_line(msg, 500)
+    return one_line(err, 500)
