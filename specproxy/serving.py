@@ -4,18 +4,27 @@
 ``cleanup()`` stops it; :func:`base_url` and :func:`bound_ports` say where it listens. :func:`stop_signals` routes
 SIGINT and SIGTERM to a callback for the time of a ``with`` block, so a long-running command can stop cleanly
 (drain, write its records) instead of dying on ``KeyboardInterrupt``.
+
+A front door that aiohttp does not keep on its own lives here too: a deadline for the request head
+(``client_header_timeout`` of :func:`start_app`: a client that connects and never completes its request head is
+closed, see :class:`_HeadClock`), the forms of a request target, and a request body read within a size limit and
+an idle timeout (:func:`read_body`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import cast
 
 from aiohttp import web
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+log = logging.getLogger("specproxy.serving")
 
 
 async def start_app(
@@ -26,16 +35,24 @@ async def start_app(
     shutdown_timeout: float,
     handler_cancellation: bool,
     reuse_address: bool | None = None,
+    client_header_timeout: float | None = None,
 ) -> web.AppRunner:
     """Listen on ``host:port``; if that fails, nothing stays set up. ``shutdown_timeout``: how long ``cleanup()``
     lets in-flight handlers finish. ``handler_cancellation``: a client that disconnects cancels its handler at once.
-    ``reuse_address``: None leaves the system's default."""
+    ``reuse_address``: None leaves the system's default. ``client_header_timeout``: seconds a client has to send a
+    whole request head, from the moment it connects or from the first byte of its next request (None: no limit; a
+    number adds a middleware to ``app`` and serves it through :class:`_HeadTimedSite`)."""
     runner = web.AppRunner(
         app, handler_cancellation=handler_cancellation, shutdown_timeout=shutdown_timeout, access_log=None
     )
+    if client_header_timeout is not None:
+        app.middlewares.append(_head_clock_middleware)  # before setup(), which freezes the app
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, reuse_address=reuse_address).start()
+        if client_header_timeout is None:
+            await web.TCPSite(runner, host, port, reuse_address=reuse_address).start()
+        else:
+            await _HeadTimedSite(runner, host, port, reuse_address, client_header_timeout).start()
     except BaseException:
         await runner.cleanup()
         raise
@@ -56,8 +73,8 @@ def base_url(runner: web.AppRunner) -> str:
 @contextlib.contextmanager
 def stop_signals(on_signal: Callable[[int], object]) -> Iterator[None]:
     """Inside the block, SIGINT and SIGTERM call ``on_signal(signum)`` in the running loop; on leaving it, their
-    default behaviour is back (a second Ctrl-C during a slow shutdown still ends the process). Where the loop cannot
-    take signal handlers (not the main thread, no signal support) nothing is installed."""
+    default behaviour is back (a signal after the block, e.g. during a slow shutdown outside it, ends the process).
+    Where the loop cannot take signal handlers (not the main thread, no signal support) nothing is installed."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for sig in STOP_SIGNALS:
@@ -69,3 +86,213 @@ def stop_signals(on_signal: Callable[[int], object]) -> Iterator[None]:
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+# --- the request head's deadline ---------------------------------------------------------------------------------
+#
+# aiohttp times idle keep-alive connections (``keepalive_timeout``), and only its newest releases start that timer
+# when a connection opens; nothing bounds the time a client takes to finish a request head it has begun, so a client
+# that trickles a header, or connects and sends nothing, holds its connection (and a file descriptor) for an hour.
+# aiohttp offers no hook where a head starts or ends, so each accepted connection's protocol (the one aiohttp's
+# server makes) is wrapped in a _HeadClock: it passes every call through and keeps one timer, armed when the
+# connection opens and at the first byte of each later request, and disarmed when the app starts handling the
+# request (a middleware tells it). The wrapper is installed by the site, the one place where aiohttp hands its
+# protocol factory to the event loop. Nothing of it runs per byte of a response.
+
+
+class _HeadClock(asyncio.Protocol):
+    """One connection: aiohttp's protocol for it, and the deadline of the request head being received."""
+
+    __slots__ = ("_busy", "_inner", "_loop", "_quiet", "_served", "_timeout", "_timer", "_transport")
+
+    def __init__(self, inner: asyncio.Protocol, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self._inner = inner
+        self._loop = loop
+        self._timeout = timeout
+        self._timer: asyncio.TimerHandle | None = None
+        self._transport: asyncio.Transport | None = None
+        self._busy = False  # the app is handling a request
+        self._quiet = True  # no byte since the connection opened or since the last response
+        self._served = False  # a response went out on this connection
+
+    @property
+    def idle(self) -> bool:
+        """Neither a request being handled nor one being received: closing the connection loses nothing."""
+        return not self._busy and self._quiet
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport's
+        self._arm()  # the first request head is due from the moment the connection opens
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._quiet:
+            self._quiet = False
+            if self._served:  # the first byte of the next request on a kept-alive connection: its head is now due
+                self._arm()
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._transport = None
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def request_started(self) -> None:
+        self._busy = True
+        self._disarm()
+
+    def request_finished(self) -> None:
+        self._busy = False
+        self._quiet = self._served = True  # idle keep-alive is aiohttp's keepalive_timeout's business, not the head's
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._timer = self._loop.call_later(self._timeout, self._expire)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        transport = self._transport
+        if self._busy or transport is None or transport.is_closing():
+            return
+        log.info("closing a connection whose request head did not arrive within %g s", self._timeout)
+        transport.close()  # no request was parsed, so there is none to answer
+
+
+@web.middleware
+async def _head_clock_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    transport = request.transport
+    clock = transport.get_protocol() if transport is not None else None
+    if not isinstance(clock, _HeadClock):
+        return await handler(request)
+    clock.request_started()
+    try:
+        return await handler(request)
+    finally:
+        clock.request_finished()
+
+
+class _HeadTimedSite(web.BaseSite):
+    """aiohttp's TCPSite, with each connection's protocol wrapped in a :class:`_HeadClock`."""
+
+    __slots__ = ("_header_timeout", "_host", "_port", "_reuse_address")
+
+    def __init__(
+        self, runner: web.AppRunner, host: str, port: int, reuse_address: bool | None, header_timeout: float
+    ) -> None:
+        super().__init__(runner)
+        self._host = host
+        self._port = port
+        self._reuse_address = reuse_address
+        self._header_timeout = header_timeout
+
+    @property
+    def name(self) -> str:
+        return f"http://[{self._host}]:{self._port}" if ":" in self._host else f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()  # registers the site with its runner
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        timeout = self._header_timeout
+
+        def protocol() -> _HeadClock:
+            return _HeadClock(server(), loop, timeout)
+
+        # BaseSite's stop() and the runner's addresses read the listening server from _server, as for every site
+        self._server = await loop.create_server(protocol, self._host, self._port, reuse_address=self._reuse_address)
+
+
+# --- the request: its target and its body ------------------------------------------------------------------------
+
+
+def origin_form(raw_target: str) -> str | None:
+    """The target to forward, byte for byte: an origin-form target (RFC 9112 3.2.1) as it is; an absolute-form one
+    (3.2.2, which a server must accept) without its scheme and authority, the rest untouched ("/" when its path is
+    empty, 3.2.1); None for the authority and asterisk forms (3.2.3, 3.2.4), which name no resource."""
+    if raw_target.startswith("/"):
+        return raw_target
+    scheme, sep, rest = raw_target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return None
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    tail = rest[cut:]
+    return tail if tail.startswith("/") else "/" + tail
+
+
+def target_path(target: str) -> str:
+    """A target's path as records and rules see it: raw, without the query string (or a fragment a client should
+    not have sent), which may carry keys and is written nowhere."""
+    end = min((i for i in (target.find("?"), target.find("#")) if i >= 0), default=len(target))
+    return target[:end]
+
+
+class Refused(Exception):
+    """A request turned away before it is handled: ``status`` and a one-line ``reason``; ``close_now``: close the
+    connection once answered instead of letting aiohttp read and drop the rest of the body."""
+
+    def __init__(self, status: int, reason: str, *, close_now: bool = False) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.close_now = close_now
+
+
+def declared_too_large(request: web.BaseRequest, limit: int) -> Refused | None:
+    """413 for a declared Content-Length over ``limit``, before a byte of the body is read."""
+    length = request.content_length
+    if length is not None and length > limit:
+        return Refused(413, f"request body of {length} bytes over the limit of {limit}")
+    return None
+
+
+async def read_body(request: web.BaseRequest, *, limit: int, idle_s: float) -> bytes:
+    """The whole request body. Raises :class:`Refused`: 413 at once for a declared length over ``limit`` (nothing
+    read), 413 as soon as a body without one grows over it, 408 (closing) when no byte of it comes for ``idle_s``
+    (between two reads, like nginx's client_body_timeout)."""
+    refused = declared_too_large(request, limit)
+    if refused is not None:
+        raise refused
+    if not request.body_exists:
+        return b""
+    loop = asyncio.get_running_loop()
+    buf = bytearray()
+    try:
+        async with asyncio.timeout(idle_s) as deadline:
+            while chunk := await request.content.readany():
+                buf += chunk
+                if len(buf) > limit:
+                    raise Refused(413, f"request body over the limit of {limit} bytes")
+                deadline.reschedule(loop.time() + idle_s)
+    except TimeoutError:
+        log.info("closing a connection whose request body stopped for %g s", idle_s)
+        raise Refused(408, f"request body not received: no byte for {idle_s:g} s", close_now=True) from None
+    return bytes(buf)
+
+
+async def close_after(request: web.BaseRequest, resp: web.StreamResponse) -> web.StreamResponse:
+    """Send ``resp`` and close the connection at once. Left to aiohttp, a body not read to its end is read and
+    dropped for up to its lingering time (10 s), which is for a client still sending, not for one that stopped."""
+    resp.force_close()
+    with contextlib.suppress(ConnectionError):
+        await resp.prepare(request)
+        await resp.write_eof()
+    if request.transport is not None:
+        request.transport.close()
+    return resp

@@ -1,4 +1,4 @@
-"""Start the proxy on port 0 in the test's event loop, against any upstream URL."""
+"""Start the proxy on port 0 in the test's event loop (or as its own process), against any upstream URL."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from specproxy.core.record import read_records
 from specproxy.proxy.config import ProxyConfig
-from specproxy.proxy.server import RECORDER, build_app
+from specproxy.proxy.server import RECORDER, ProxyHandle, build_app, start_proxy
 from specproxy.recorder.recorder import Recorder, RecorderConfig
 
 
@@ -90,3 +90,34 @@ async def proxy_process(upstream: str, record: Path, *args: str) -> AsyncIterato
         if proc.returncode is None:
             proc.terminate()
         await proc.wait()
+
+
+@asynccontextmanager
+async def started_proxy(upstream: str, tmp_path: Path, **overrides: object) -> AsyncIterator[ProxyHandle]:
+    """The proxy as ``specproxy proxy`` sets it up (its own site, so the request head's deadline too), in this event
+    loop on port 0; closed (drained, records written) on leaving."""
+    cfg = ProxyConfig(
+        upstream=upstream,
+        port=0,
+        recorder=RecorderConfig(record_path=str(tmp_path / "records.jsonl"), finalize_wait_s=3.0),
+        **overrides,  # type: ignore[arg-type]
+    )
+    handle = await start_proxy(cfg)
+    try:
+        yield handle
+    finally:
+        await handle.close()
+
+
+async def raw_exchange(url: str, data: bytes, *, within_s: float = 5.0) -> bytes:
+    """Send ``data`` as is on a new connection to ``url`` and read until the server closes it (or ``within_s``)."""
+    import asyncio
+
+    host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), within_s)
+    finally:
+        writer.close()

@@ -1,10 +1,216 @@
-"""The front door: what the proxy takes from a client before it relays anything, and what it tells a client (and
-its records) when something fails: error texts are one printable line without raw bytes, query strings or the
-upstream's address."""
+"""The front door: what the proxy takes from a client before it relays anything. Slow clients are closed (the request
+head's and the body's timeouts) while other streams flow; a declared body over --max-body gets 413 at once; the
+request target reaches the upstream byte for byte and the record keeps it; error texts are one printable line
+without raw bytes, query strings or the upstream's address, in records and in the bodies sent to clients."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
 from specproxy.core.errors import one_line
+from specproxy.core.record import read_records
+from tests.proxyutil import raw_exchange, running_proxy, started_proxy
+from tests.upstreams import Script, capture_pieces, start_raw_upstream, start_upstream
+
+SHORT = 0.3  # the client timeouts these tests configure
+
+
+async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port))
+
+
+async def _read_until_closed(reader: asyncio.StreamReader, within_s: float = 10.0) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and when it closed it."""
+    data = await asyncio.wait_for(reader.read(), within_s)
+    return data, asyncio.get_running_loop().time()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> bytes:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
+    return head + await reader.readexactly(length)
+
+
+async def test_slow_clients_are_closed_while_a_stream_flows(tmp_path: Path) -> None:
+    pieces = capture_pieces("chat-stream-ngram-k3-code.sse")[:30]
+    up = await start_upstream(lambda req, body: Script(pieces, pause_s=0.1))  # a stream of 3 s or more
+    try:
+        async with (
+            started_proxy(up.url, tmp_path, client_header_timeout_s=SHORT, client_body_timeout_s=SHORT) as px,
+            aiohttp.ClientSession() as s,
+        ):
+            loop = asyncio.get_running_loop()
+
+            async def stream() -> tuple[bytes, float]:
+                async with s.post(px.url + "/v1/chat/completions", data=b'{"stream": true}') as r:
+                    body = await r.read()
+                return body, loop.time()
+
+            streaming = asyncio.create_task(stream())
+            silent, silent_w = await _connect(px.url)  # connects and sends nothing
+            trickle_r, trickle_w = await _connect(px.url)  # a head, one byte at a time: sending moves no deadline
+
+            async def trickle() -> None:
+                for byte in b"GET /v1/models HTTP/1.1\r\nX-Slow: " + b"a" * 1000:
+                    trickle_w.write(bytes([byte]))
+                    await asyncio.sleep(0.02)
+                    if trickle_w.is_closing() or trickle_r.at_eof():
+                        return
+
+            trickling = asyncio.create_task(trickle())
+            body_r, body_w = await _connect(px.url)  # announces 100 bytes of body, sends 10
+            body_w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"{" * 10)
+            kept_r, kept_w = await _connect(px.url)  # kept alive after a response, then half of the next head
+            kept_w.write(b"GET /specproxy/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await _read_response(kept_r)).startswith(b"HTTP/1.1 200")
+            kept_w.write(b"GET /specproxy/status HTTP/1.1\r\nHo")
+            idle_r, idle_w = await _connect(px.url)  # kept alive after a response and quiet: not a slow head
+            idle_w.write(b"GET /specproxy/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await _read_response(idle_r)).startswith(b"HTTP/1.1 200")
+
+            closed = await asyncio.gather(*(_read_until_closed(r) for r in (silent, trickle_r, body_r, kept_r)))
+            body, stream_end = await streaming
+            await trickling
+            assert body == b"".join(pieces)  # the stream alongside was relayed whole
+            assert [data for data, _ in closed[:2]] == [b"", b""]  # no request: closed without an answer
+            assert closed[2][0].startswith(b"HTTP/1.1 408") and b"Connection: close" in closed[2][0]
+            assert closed[3][0] == b""
+            assert all(when < stream_end for _, when in closed)  # closed while the stream still flowed
+            assert not idle_r.at_eof()
+            idle_w.write(b"GET /specproxy/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await _read_response(idle_r)).startswith(b"HTTP/1.1 200")
+            for w in (silent_w, trickle_w, body_w, kept_w, idle_w):
+                w.close()
+        assert [r["outcome"] for r in read_records(tmp_path / "records.jsonl")] == ["ok"]  # refused ones: no record
+    finally:
+        await up.server.close()
+
+
+async def test_declared_body_over_max_body_gets_413_at_once(tmp_path: Path) -> None:
+    up = await start_raw_upstream()
+    try:
+        async with started_proxy(up.url, tmp_path, max_body_bytes=1024 * 1024) as px:
+            for expect in (b"", b"Expect: 100-continue\r\n"):
+                reader, writer = await _connect(px.url)
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + expect + b"Content-Length: 999999999999\r\n\r\n"
+                )
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)  # no body sent: no waiting for one
+                writer.close()
+                assert head.startswith(b"HTTP/1.1 413"), head  # and no "100 Continue" before it
+                assert b"Connection: close" in head
+            ok = await raw_exchange(
+                px.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+            )
+            assert ok.startswith(b"HTTP/1.1 200")
+        assert up.lines == [b"POST /v1/completions HTTP/1.1"]  # the refused ones never reached the upstream
+    finally:
+        await up.close()
+
+
+ODD_TARGETS = [
+    b"/v1/models/%7e",  # not ~
+    b"/./v1/x/../models",  # dot segments kept
+    b"/v1/models?",  # an empty query kept
+    b"/v1/%",  # a lone % stays a lone %
+    b"/v1/models?q=%&r=%7E",
+    b"/specproxy/../v1/models",  # forwarded as sent, recorded as sent
+    b"/v1/../specproxy/status",  # not the proxy's own endpoint: that is /specproxy/status exactly
+    b"/specproxy/%73tatus",
+    b"/v1//models",
+    b"/v1/a%2Fb",
+    b"/v1/a%0Ab",
+    b"/v1/models#frag",
+]
+
+
+async def test_odd_request_targets_reach_the_upstream_byte_for_byte(tmp_path: Path) -> None:
+    up = await start_raw_upstream()
+    try:
+        async with started_proxy(up.url + "/base/", tmp_path) as px:
+            for target in ODD_TARGETS:
+                got = await raw_exchange(
+                    px.url, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                )
+                assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"ok"), (target, got)
+            # absolute form (RFC 9112 3.2.2): the scheme and authority go, the rest is kept as sent
+            await raw_exchange(
+                px.url, b"GET http://example.test/v1/%7e?x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            own = await raw_exchange(px.url, b"GET /specproxy/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert b'"in_flight"' in own  # the own endpoint, at its exact path, is answered here
+        assert up.lines == [b"GET /base" + t + b" HTTP/1.1" for t in ODD_TARGETS] + [b"GET /base/v1/%7e?x HTTP/1.1"]
+        recs = list(read_records(tmp_path / "records.jsonl"))
+        expected = [t.split(b"?")[0].split(b"#")[0].decode() for t in ODD_TARGETS] + ["/v1/%7e"]
+        assert sorted(r["path"] for r in recs) == sorted(expected)  # what was forwarded, without the query
+    finally:
+        await up.close()
+
+
+def _check_error_text(text: str, *, secret: str, upstream: str) -> None:
+    host, port = upstream.rsplit("/", 1)[-1].rsplit(":", 1)
+    assert text and len(text) <= 200 and text.isprintable(), text
+    assert secret not in text and "api_key" not in text and "?" not in text, text
+    assert host not in text and port not in text, text
+    assert "\\x" not in text and "b'" not in text, text  # no raw bytes, not even escaped
+
+
+async def test_error_texts_are_one_line_without_query_bytes_or_upstream(tmp_path: Path) -> None:
+    secret = "sk-front-door-secret"
+    garbage = await start_raw_upstream(b"NOT HTTP \x00\x01\xff\r\nsecond line\r\n\r\n")
+    broken = await start_upstream(
+        lambda req, body: Script(capture_pieces("chat-stream-ngram-k3-code.sse"), reset_after=3)
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    down = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nobody listens there
+    sock.close()
+    try:
+        for upstream, status in ((garbage.url, 502), (down, 502), (broken.url, 200)):
+            async with running_proxy(upstream, tmp_path, metrics=False) as px, aiohttp.ClientSession() as s:
+                async with s.post(f"{px.url}/v1/chat/completions?api_key={secret}", data=b"{}") as r:
+                    assert r.status == status
+                    if status == 502:
+                        _check_error_text((await r.json())["error"]["message"], secret=secret, upstream=upstream)
+                    else:
+                        with pytest.raises(aiohttp.ClientPayloadError):  # the break reaches the client
+                            await r.content.read()
+                await px.flush()
+                rec = px.records()[-1]
+                assert rec["outcome"] in ("upstream_error", "upstream_reset")
+                _check_error_text(str(rec["error"]), secret=secret, upstream=upstream)
+        assert secret.encode() not in (tmp_path / "records.jsonl").read_bytes()
+    finally:
+        await garbage.close()
+        await broken.server.close()
+
+
+async def test_idle_timeout_before_the_response_headers_is_reported_as_such(tmp_path: Path) -> None:
+    up = await start_upstream(lambda req, body: Script([b"late"], stall_s=3.0))
+    try:
+        async with (
+            running_proxy(up.url, tmp_path, metrics=False, idle_timeout_s=SHORT, connect_timeout_s=10.0) as px,
+            aiohttp.ClientSession() as s,
+            s.post(px.url + "/v1/chat/completions", data=b"{}") as r,
+        ):
+            assert r.status == 504
+            message = orjson.loads(await r.read())["error"]["message"]
+            await px.flush()
+            (rec,) = px.records()
+        assert rec["outcome"] == "timeout"
+        for text in (message, rec["error"]):
+            assert "idle" in str(text) and "connect" not in str(text) and f"{SHORT:g} s" in str(text), text
+    finally:
+        await up.server.close()
 
 
 def test_one_line() -> None:

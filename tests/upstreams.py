@@ -90,3 +90,46 @@ async def start_upstream(
     server = TestServer(app, host="127.0.0.1", port=0, handler_cancellation=True)
     await server.start_server()
     return Upstream(server, seen, cancelled, metrics_texts, completed)
+
+
+@dataclass
+class RawUpstream:
+    """An upstream below HTTP libraries: it keeps each request line exactly as its bytes arrived (no URL parsing on
+    the way) and answers every request with ``reply``, on a kept-alive connection."""
+
+    server: asyncio.Server
+    lines: list[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def close(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+OK_REPLY = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+
+async def start_raw_upstream(reply: bytes = OK_REPLY) -> RawUpstream:
+    lines: list[bytes] = []
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines.append(head.split(b"\r\n", 1)[0])
+                for field_line in head.split(b"\r\n")[1:]:
+                    name, _, value = field_line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        await reader.readexactly(int(value))
+                writer.write(reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    return RawUpstream(server, lines)

@@ -72,6 +72,12 @@ def register(app: typer.Typer) -> None:
         max_body: str = typer.Option("64MB", "--max-body", help="Largest request body accepted (413 beyond)."),
         max_connections: int = typer.Option(0, "--max-connections", help="Upstream connection cap (0: none)."),
         drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds to let streams finish on stop."),
+        client_header_timeout: float = typer.Option(
+            60.0, "--client-header-timeout", help="Seconds a client has to send a whole request head."
+        ),
+        client_body_timeout: float = typer.Option(
+            60.0, "--client-body-timeout", help="Seconds a request body may pause between two reads (408 beyond)."
+        ),
         rotate_mb: int = typer.Option(256, "--rotate-mb", help="Rotate the record file past this size (0: never)."),
         rotate_keep: int = typer.Option(
             10, "--rotate-keep", help="Rotated record files kept; older ones are deleted, logged and counted (0: all)."
@@ -96,6 +102,8 @@ def register(app: typer.Typer) -> None:
             ("--scrape-min-gap", scrape_min_gap),
             ("--connect-timeout", connect_timeout),
             ("--idle-timeout", idle_timeout),
+            ("--client-header-timeout", client_header_timeout),
+            ("--client-body-timeout", client_body_timeout),
         ):
             if value <= 0:
                 raise typer.BadParameter(f"{name} must be positive, got {value}")
@@ -150,6 +158,8 @@ def register(app: typer.Typer) -> None:
             max_connections=max_connections,
             drain_timeout_s=drain_timeout,
             fail_closed=fail_closed,
+            client_header_timeout_s=client_header_timeout,
+            client_body_timeout_s=client_body_timeout,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         run_async(_main(cfg))

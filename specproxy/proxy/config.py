@@ -21,3 +21,5 @@ class ProxyConfig:
     max_connections: int = 0  # 0 = unlimited (aiohttp's default of 100 would cap concurrency)
     drain_timeout_s: float = 30.0
     fail_closed: bool = False
+    client_header_timeout_s: float = 60.0  # a whole request head, from connect or from its first byte (nginx's 60 s)
+    client_body_timeout_s: float = 60.0  # between two reads of a request body (nginx's client_body_timeout)

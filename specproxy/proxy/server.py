@@ -6,6 +6,16 @@ aiohttp details that matter here (engine-facts.md, "Proxying pitfalls"): the cli
 ``iter_any()`` (lines of any length). The server runs with handler cancellation on, so a client that disconnects
 cancels its handler at once, which closes the upstream connection: vLLM then aborts the request and frees the GPU,
 also during prefill before the first byte.
+
+Byte for byte also for the request target (RFC 9112 3.2): ``request.raw_path`` is forwarded as sent (see
+:meth:`Upstream.url`), and recorded without its query string. The front door (:mod:`specproxy.serving`): a body
+over ``--max-body`` is refused before it is read, a body that stops coming gets 408, a head that never completes
+is closed.
+Error texts, in records and in the proxy's own error responses, go through :func:`specproxy.core.errors.one_line`.
+
+One module: a relayed request's way through the proxy (target, body, upstream, stream, outcome) is one sequence of
+decisions about a single outcome and reads best top to bottom; what other servers share (listening, the limits of
+the front door, stopping) is in :mod:`specproxy.serving`.
 """
 
 from __future__ import annotations
@@ -14,22 +24,37 @@ import asyncio
 import contextlib
 import io
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from yarl import URL
 
+from specproxy.core.errors import one_line
 from specproxy.core.headers import REQUEST_ID_HEADER, WORKLOAD_HEADER
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.trace import RequestMeta, Trace
-from specproxy.serving import base_url, bound_ports, start_app, stop_signals
+from specproxy.serving import (
+    Refused,
+    base_url,
+    bound_ports,
+    close_after,
+    declared_too_large,
+    origin_form,
+    read_body,
+    start_app,
+    stop_signals,
+    target_path,
+)
 
 log = logging.getLogger("specproxy.proxy")
 
@@ -58,6 +83,30 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 RESOLVER = web.AppKey("resolver", WorkloadResolver)
 
 
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """The upstream's base URL, taken apart once: requests go to ``scheme://authority`` + ``prefix`` + the target."""
+
+    scheme: str
+    authority: str
+    prefix: str  # the base URL's path as written, without a trailing slash ("" for none)
+    hosts: tuple[str, ...]  # its host, as error texts must not show it
+
+    @classmethod
+    def parse(cls, base: str) -> Upstream:
+        url = URL(base)
+        host = url.raw_host or ""
+        return cls(url.scheme, url.raw_authority, urlsplit(base).path.rstrip("/"), (host, f"[{host}]"))
+
+    def url(self, target: str) -> URL:
+        # The whole target goes into the path with encoded=True: yarl then keeps it as it is (no requoting, no dot
+        # segment removal, an empty query's "?" kept), and aiohttp's client writes it on the request line as is.
+        return URL.build(scheme=self.scheme, authority=self.authority, path=self.prefix + target, encoded=True)
+
+
+UPSTREAM = web.AppKey("upstream", Upstream)
+
+
 def _error_body(message: str, code: int, kind: str) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
@@ -79,7 +128,23 @@ def _forward_request_headers(request: web.Request) -> CIMultiDict[str]:
     return out
 
 
+def _safe(request: web.Request, text: str) -> str:
+    """An error text fit for a record and for the client: one line, no raw bytes, no query string, no upstream host."""
+    return one_line(text, hosts=request.app[UPSTREAM].hosts)
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
+    target = origin_form(request.raw_path)
+    if target is None:
+        return _json_error(400, "the request target must be a path", "BadRequest")
+    path = target_path(target)
+    own = _OWN.get(path) if request.method in ("GET", "HEAD") else None
+    if own is not None:
+        return await own(request)
+    return await _proxy(request, target, path)
+
+
+async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResponse:
     cfg = request.app[CONFIG]
     recorder = request.app[RECORDER]
     if cfg.fail_closed and not recorder.sink.healthy:
@@ -88,7 +153,11 @@ async def handle(request: web.Request) -> web.StreamResponse:
             body=_error_body("specproxy cannot write records (--fail-closed)", 503, "ServiceUnavailable"),
             content_type="application/json",
         )
-    body = await request.read()  # bounded by client_max_size: larger bodies get 413 from aiohttp
+    try:
+        body = await read_body(request, limit=cfg.max_body_bytes, idle_s=cfg.client_body_timeout_s)
+    except Refused as refused:  # turned away before forwarding (413, 408): no upstream request, no record
+        answer = _refusal(request, refused)
+        return await close_after(request, answer) if refused.close_now else answer
     parsed: Any = None
     if body and body[:1] in (b"{", b"[", b" ", b"\n", b"\r", b"\t"):
         with contextlib.suppress(orjson.JSONDecodeError):
@@ -98,10 +167,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
     resolver = request.app[RESOLVER]
     headers_lower = {k.lower(): v for k, v in request.headers.items()}
     message = last_user_message(parsed if isinstance(parsed, dict) else None) if resolver.needs_message else None
-    workload = resolver.resolve(request.headers.get(WORKLOAD_HEADER), request.path, model, headers_lower, message)
+    workload = resolver.resolve(request.headers.get(WORKLOAD_HEADER), path, model, headers_lower, message)
     meta = RequestMeta(
         method=request.method,
-        path=request.path,
+        path=path,
         workload=workload,
         model=model,
         body=parsed if parsed is not None else (body.decode("utf-8", "replace") if body else None),
@@ -111,46 +180,92 @@ async def handle(request: web.Request) -> web.StreamResponse:
     outcome: str = "proxy_error"
     error: str | None = "unfinished"
     try:
-        resp, outcome, error = await _relay(request, cfg, body, trace)
+        resp, outcome, error = await _relay(request, cfg, target, body, trace)
         return resp
     except asyncio.CancelledError:
         outcome, error = "client_cancelled", "client disconnected"
         raise
     except Exception as e:  # never let our own failure pass silently: record it, answer 502 if we still can
         log.exception("relay failed")
-        outcome, error = "proxy_error", f"{type(e).__name__}: {e}"
+        outcome, error = "proxy_error", _safe(request, f"{type(e).__name__}: {e}")
         raise
     finally:
         recorder.finish(trace, outcome, error)
 
 
+def _refusal(request: web.Request, refused: Refused) -> web.Response:
+    kinds = {408: "RequestTimeout", 413: "RequestEntityTooLarge"}
+    resp = _json_error(refused.status, refused.reason, kinds.get(refused.status, "BadRequest"))
+    resp.force_close()  # the body was not read to its end: the connection cannot carry another request
+    return resp
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` (RFC 9110 10.1.1): a declared body over the limit gets the final 413 instead of the
+    100, so the client does not send it; any other request is answered as aiohttp's default handler does."""
+    refused = declared_too_large(request, request.app[CONFIG].max_body_bytes)
+    if refused is not None:
+        return _refusal(request, refused)
+    if request.version == aiohttp.HttpVersion11:
+        expect = request.headers.get("Expect", "")
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {one_line(expect, 60)}")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the 100 is not part of the response's size
+    return None
+
+
+def _connect_failure(e: aiohttp.ClientConnectorError) -> str:
+    err = e.os_error
+    if type(err).__module__ == "builtins" and err.errno:  # ConnectionRefusedError & co, not ssl's or socket's errors
+        return os.strerror(err.errno)  # "Connection refused", without the address asyncio's message adds
+    return err.strerror or str(err) or type(err).__name__
+
+
+def _is_connect_timeout(e: TimeoutError) -> bool:
+    # aiohttp >= 3.10 raises ConnectionTimeoutError while connecting and SocketTimeoutError on sock_read; 3.9 raises
+    # ServerTimeoutError for both, with these words
+    cls = getattr(aiohttp, "ConnectionTimeoutError", None)
+    if isinstance(cls, type):
+        return isinstance(e, cls)
+    return str(e).startswith("Connection timeout")
+
+
 async def _relay(
-    request: web.Request, cfg: ProxyConfig, body: bytes, trace: Trace
+    request: web.Request, cfg: ProxyConfig, target: str, body: bytes, trace: Trace
 ) -> tuple[web.StreamResponse, str, str | None]:
     session = request.app[SESSION]
-    url = cfg.upstream.rstrip("/") + request.rel_url.raw_path_qs
     rid = trace.meta.request_id
     try:
         upstream = await session.request(
             request.method,
-            url,
+            request.app[UPSTREAM].url(target),
             headers=_forward_request_headers(request),
             # large bodies as a file object: aiohttp warns that raw bytes over 1 MiB may block the loop
             data=(io.BytesIO(body) if len(body) > 1024 * 1024 else body) if body else None,
             allow_redirects=False,
         )
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-        reason = f"upstream unreachable: {e}"
+    except aiohttp.ClientConnectorError as e:
+        reason = _safe(request, f"upstream unreachable: {_connect_failure(e)}")
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
-    except TimeoutError:
-        reason = f"upstream did not answer within {cfg.connect_timeout_s:g} s"
+    except TimeoutError as e:
+        if _is_connect_timeout(e):
+            reason = f"upstream connect timeout: not connected within {cfg.connect_timeout_s:g} s"
+        else:
+            reason = f"upstream idle-read timeout: no response headers within {cfg.idle_timeout_s:g} s"
         return _json_error(504, reason, "GatewayTimeout", rid), "timeout", reason
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        reason = _safe(request, f"upstream connection failed: {e}")
+        return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
+    except aiohttp.ClientResponseError as e:  # not HTTP: the message quotes the bytes, the error names the URL
+        reason = _safe(request, f"upstream sent an invalid response: {e.message}")
+        return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
     except aiohttp.ClientError as e:
-        reason = f"upstream error: {e}"
+        reason = _safe(request, f"upstream error: {type(e).__name__}: {e}")
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
     finished = False
     try:
-        result = await _relay_body(request, upstream, trace)
+        result = await _relay_body(request, cfg, upstream, trace)
         finished = result[1] == "ok" or result[1] == "upstream_error"
         return result
     finally:
@@ -161,7 +276,7 @@ async def _relay(
 
 
 async def _relay_body(
-    request: web.Request, upstream: aiohttp.ClientResponse, trace: Trace
+    request: web.Request, cfg: ProxyConfig, upstream: aiohttp.ClientResponse, trace: Trace
 ) -> tuple[web.StreamResponse, str, str | None]:
     content_type = upstream.headers.get("Content-Type")
     trace.response_started(upstream.status, content_type, upstream.headers.get("Content-Encoding"))
@@ -199,10 +314,10 @@ async def _relay_body(
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
         # The upstream broke mid-response: end the client's stream without a clean finish, so it sees the break.
         _abort_client(request)
-        return resp, "upstream_reset", f"upstream connection broke mid-response: {e}"
+        return resp, "upstream_reset", _safe(request, f"upstream connection broke mid-response: {e}")
     except TimeoutError:
         _abort_client(request)
-        return resp, "timeout", "upstream idle-read timeout"
+        return resp, "timeout", f"upstream idle-read timeout: no byte within {cfg.idle_timeout_s:g} s mid-response"
     except ConnectionResetError:
         return resp, "client_cancelled", "client disconnected"
     try:
@@ -218,12 +333,12 @@ def _abort_client(request: web.Request) -> None:
         transport.abort()
 
 
-def _json_error(status: int, message: str, kind: str, rid: str) -> web.Response:
+def _json_error(status: int, message: str, kind: str, rid: str | None = None) -> web.Response:
     return web.Response(
         status=status,
         body=_error_body(message, status, kind),
         content_type="application/json",
-        headers={REQUEST_ID_HEADER: rid},
+        headers={REQUEST_ID_HEADER: rid} if rid is not None else None,
     )
 
 
@@ -236,10 +351,16 @@ async def own_status(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(request.app[RECORDER].status()), content_type="application/json")
 
 
+# The proxy's own endpoints, answered for GET and HEAD on their exact raw path; any other spelling of them
+# (/v1/../specproxy/status, /specproxy/%73tatus) is a path like any other and goes to the upstream as sent.
+_OWN = {"/specproxy/metrics": own_metrics, "/specproxy/status": own_status}
+
+
 def build_app(cfg: ProxyConfig) -> web.Application:
     app = web.Application(client_max_size=cfg.max_body_bytes, handler_args={"max_field_size": 65536})
     app[CONFIG] = cfg
     app[RESOLVER] = WorkloadResolver(cfg.rules)
+    app[UPSTREAM] = Upstream.parse(cfg.upstream)
 
     async def resources(app: web.Application) -> Any:
         connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0)
@@ -256,9 +377,9 @@ def build_app(cfg: ProxyConfig) -> web.Application:
         await session.close()
 
     app.cleanup_ctx.append(resources)
-    app.router.add_get("/specproxy/metrics", own_metrics)
-    app.router.add_get("/specproxy/status", own_status)
-    app.router.add_route("*", "/{tail:.*}", handle)
+    # One route for every method and path: the routing is handle's, on the raw target. [\s\S], not ".", because
+    # the router matches the decoded path, where %0A is a line break.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", handle, expect_handler=_expect)
     return app
 
 
@@ -285,6 +406,7 @@ async def start_proxy(cfg: ProxyConfig) -> ProxyHandle:
         shutdown_timeout=cfg.drain_timeout_s,
         handler_cancellation=True,
         reuse_address=True,  # a restarted proxy takes its port back at once, despite connections in TIME_WAIT
+        client_header_timeout=cfg.client_header_timeout_s,
     )
     return ProxyHandle(base_url(runner), runner)
 
