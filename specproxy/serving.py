@@ -5,10 +5,12 @@
 SIGINT and SIGTERM to a callback for the time of a ``with`` block, so a long-running command can stop cleanly
 (drain, write its records) instead of dying on ``KeyboardInterrupt``.
 
-A front door that aiohttp does not keep on its own lives here too: a deadline for the request head
-(``client_header_timeout`` of :func:`start_app`: a client that connects and never completes its request head is
-closed, see :class:`_HeadClock`), the forms of a request target, and a request body read within a size limit and
-an idle timeout (:func:`read_body`).
+What aiohttp does not do on its own lives here too. A front door: a deadline for the request head
+(``client_header_timeout`` of :func:`start_app`, see :class:`_HeadClock`), the forms of a request target, a body
+read within a size limit and an idle timeout (:func:`read_body`). And a stop in two steps (:class:`InFlight`,
+:func:`stop_in_two_steps`): stop accepting, let the requests in flight finish, then cut those still running when the
+drain time is up or when asked to (a second signal), so that their handlers still end, and record, before the app's
+cleanup runs.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from aiohttp import web
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+CUT_GRACE_S = 5.0  # how long cut handlers get to end (they end at once: cancellation closes their upstream)
 
 log = logging.getLogger("specproxy.serving")
 
@@ -90,14 +94,13 @@ def stop_signals(on_signal: Callable[[int], object]) -> Iterator[None]:
 
 # --- the request head's deadline ---------------------------------------------------------------------------------
 #
-# aiohttp times idle keep-alive connections (``keepalive_timeout``), and only its newest releases start that timer
-# when a connection opens; nothing bounds the time a client takes to finish a request head it has begun, so a client
-# that trickles a header, or connects and sends nothing, holds its connection (and a file descriptor) for an hour.
-# aiohttp offers no hook where a head starts or ends, so each accepted connection's protocol (the one aiohttp's
-# server makes) is wrapped in a _HeadClock: it passes every call through and keeps one timer, armed when the
-# connection opens and at the first byte of each later request, and disarmed when the app starts handling the
-# request (a middleware tells it). The wrapper is installed by the site, the one place where aiohttp hands its
-# protocol factory to the event loop. Nothing of it runs per byte of a response.
+# aiohttp times idle keep-alive connections (``keepalive_timeout``, from the connect only in its newest releases) and
+# nothing bounds a request head once begun: a client that trickles a header, or sends nothing, holds a connection
+# (and a file descriptor) for an hour. aiohttp has no hook where a head starts or ends, so each connection's protocol
+# (the one aiohttp's server makes) is wrapped in a _HeadClock that passes every call through and keeps one timer,
+# armed when the connection opens and at the first byte of each later request, disarmed when the app starts handling
+# the request (a middleware tells it). The site installs it: the one place aiohttp hands its protocol factory to the
+# event loop. Nothing of it runs per byte of a response.
 
 
 class _HeadClock(asyncio.Protocol):
@@ -176,8 +179,7 @@ class _HeadClock(asyncio.Protocol):
 async def _head_clock_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    transport = request.transport
-    clock = transport.get_protocol() if transport is not None else None
+    clock = request.transport.get_protocol() if request.transport is not None else None
     if not isinstance(clock, _HeadClock):
         return await handler(request)
     clock.request_started()
@@ -196,10 +198,8 @@ class _HeadTimedSite(web.BaseSite):
         self, runner: web.AppRunner, host: str, port: int, reuse_address: bool | None, header_timeout: float
     ) -> None:
         super().__init__(runner)
-        self._host = host
-        self._port = port
-        self._reuse_address = reuse_address
-        self._header_timeout = header_timeout
+        self._host, self._port = host, port
+        self._reuse_address, self._header_timeout = reuse_address, header_timeout
 
     @property
     def name(self) -> str:
@@ -208,9 +208,8 @@ class _HeadTimedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()  # registers the site with its runner
         loop = asyncio.get_running_loop()
-        server = self._runner.server
+        server, timeout = self._runner.server, self._header_timeout
         assert server is not None
-        timeout = self._header_timeout
 
         def protocol() -> _HeadClock:
             return _HeadClock(server(), loop, timeout)
@@ -243,15 +242,14 @@ def target_path(target: str) -> str:
     return target[:end]
 
 
+@dataclass(eq=False)  # an exception keeps its identity hash
 class Refused(Exception):
     """A request turned away before it is handled: ``status`` and a one-line ``reason``; ``close_now``: close the
     connection once answered instead of letting aiohttp read and drop the rest of the body."""
 
-    def __init__(self, status: int, reason: str, *, close_now: bool = False) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.close_now = close_now
+    status: int
+    reason: str
+    close_now: bool = False
 
 
 def declared_too_large(request: web.BaseRequest, limit: int) -> Refused | None:
@@ -282,7 +280,7 @@ async def read_body(request: web.BaseRequest, *, limit: int, idle_s: float) -> b
                 deadline.reschedule(loop.time() + idle_s)
     except TimeoutError:
         log.info("closing a connection whose request body stopped for %g s", idle_s)
-        raise Refused(408, f"request body not received: no byte for {idle_s:g} s", close_now=True) from None
+        raise Refused(408, f"request body not received: no byte for {idle_s:g} s", True) from None
     return bytes(buf)
 
 
@@ -296,3 +294,107 @@ async def close_after(request: web.BaseRequest, resp: web.StreamResponse) -> web
     if request.transport is not None:
         request.transport.close()
     return resp
+
+
+# --- stopping in two steps ---------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Cut:
+    """A request to cut what a draining stop still waits for, now; ``reason`` says why, ``signum`` which signal."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+    signum: int | None = None
+
+    def now(self, reason: str, signum: int | None = None) -> None:
+        self.reason, self.signum = reason, signum
+        self.event.set()
+
+
+class InFlight:
+    """The handler tasks of the requests in flight: a stop waits for them, then cancels those left. A handler that
+    ends by cancellation reads :attr:`cut_reason`: set, the stop cut it; None, its client left."""
+
+    __slots__ = ("_empty", "_tasks", "cut_reason")
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self.cut_reason: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def enter(self) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            self._empty.clear()
+        return task
+
+    def leave(self, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self._tasks.discard(task)
+            if not self._tasks:
+                self._empty.set()
+
+    async def drain(self, within_s: float, cut: Cut | None = None) -> bool:
+        """Wait until no request is in flight (True), or until ``within_s`` passes or ``cut`` is asked for (False)."""
+        waits = [asyncio.ensure_future(self._empty.wait())]
+        if cut is not None:
+            waits.append(asyncio.ensure_future(cut.event.wait()))
+        try:
+            await asyncio.wait(waits, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return not self._tasks
+
+    async def cut(self, reason: str) -> int:
+        """Cancel every handler still running, marked by ``reason``, and wait (briefly) until they have ended."""
+        self.cut_reason = reason
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CUT_GRACE_S)
+        return len(tasks)
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """How a stop went: how many requests were cut, why, and by which signal (None: by the drain timeout)."""
+
+    cut: int = 0
+    cut_reason: str | None = None
+    signum: int | None = None
+
+
+async def stop_in_two_steps(runner: web.AppRunner, in_flight: InFlight, drain_s: float, cut: Cut | None) -> Stopped:
+    """Stop listening and close idle connections; let the requests in flight finish for up to ``drain_s`` (or until
+    ``cut`` is asked for); cancel the rest (their handlers see :attr:`InFlight.cut_reason`); then run aiohttp's
+    cleanup, which runs the app's (where records are written)."""
+    for site in list(runner.sites):
+        await site.stop()
+    await asyncio.sleep(0)  # requests whose head arrived just before have started (as aiohttp's own cleanup does)
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # connections close after their response
+        for conn in runner.server.connections:
+            # aiohttp closes idle kept-alive ones only after its wait: a request sent on one meanwhile waits for nothing
+            transport = conn.transport
+            clock = transport.get_protocol() if transport is not None else None
+            if isinstance(clock, _HeadClock) and clock.idle and transport is not None:
+                transport.close()
+    stopped = Stopped()
+    if not await in_flight.drain(drain_s, cut):
+        if cut is not None and cut.event.is_set():
+            reason, signum = cut.reason, cut.signum
+        else:
+            reason, signum = f"the drain timeout ({drain_s:g} s) passed", None
+        stopped = Stopped(await in_flight.cut(reason), reason, signum)
+    else:
+        in_flight.cut_reason = "the stop"  # a late request that aiohttp's cleanup cancels is cut by the stop too
+    await runner.cleanup()
+    return stopped

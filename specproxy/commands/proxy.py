@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import typer
@@ -12,10 +14,13 @@ import typer
 from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
 from specproxy.commands.options import KOpt
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
-from specproxy.exitcodes import EXIT_FAILURE
+from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import RecorderConfig
-from specproxy.recorder.sink import FILE_MODE
+from specproxy.recorder.sink import FILE_MODE, RecordSink
+
+if TYPE_CHECKING:
+    from specproxy.serving import Stopped
 
 CAPTURES = ("none", "request", "full")
 
@@ -71,7 +76,12 @@ def register(app: typer.Typer) -> None:
         idle_timeout: float = typer.Option(600.0, "--idle-timeout", help="Seconds without an upstream byte."),
         max_body: str = typer.Option("64MB", "--max-body", help="Largest request body accepted (413 beyond)."),
         max_connections: int = typer.Option(0, "--max-connections", help="Upstream connection cap (0: none)."),
-        drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds to let streams finish on stop."),
+        drain_timeout: float = typer.Option(
+            8.0,
+            "--drain-timeout",
+            help="Seconds streams get to finish on the first SIGTERM/SIGINT before they are cut (and recorded); "
+            "keep it under the stop grace (docker stop -t, terminationGracePeriodSeconds).",
+        ),
         client_header_timeout: float = typer.Option(
             60.0, "--client-header-timeout", help="Seconds a client has to send a whole request head."
         ),
@@ -166,26 +176,61 @@ def register(app: typer.Typer) -> None:
 
 
 async def _main(cfg: ProxyConfig) -> None:
-    """Serve until SIGTERM / SIGINT, drain, write every record; fail (exit 1) if any record was lost."""
+    """Serve until SIGTERM / SIGINT. The first signal stops accepting and lets the requests in flight finish for up
+    to ``--drain-timeout``; a second signal, or the end of that time, cuts those left (recorded with outcome
+    ``shutdown``). Every record is written either way; a third signal only says so (SIGKILL ends it at once)."""
     import asyncio
 
     from specproxy.proxy.server import start_proxy
-    from specproxy.serving import bound_ports, stop_signals
+    from specproxy.serving import Cut, bound_ports, stop_signals
 
     try:
         handle = await start_proxy(cfg)
     except OSError as e:
         raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", EXIT_FAILURE) from None
+    log = logging.getLogger("specproxy.proxy")
     stop = asyncio.Event()
-    try:
-        with stop_signals(lambda _signum: stop.set()):
-            where = ", ".join(f"http://{cfg.host}:{p}" for p in bound_ports(handle.runner))
-            typer.echo(f"specproxy proxy: {where} -> {cfg.upstream}", err=True)
+    cut = Cut()
+
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
+        if not stop.is_set():
+            log.warning(
+                "%s: stopping; %d requests in flight get up to %g s to finish (a second signal cuts them)",
+                name,
+                handle.in_flight,
+                cfg.drain_timeout_s,
+            )
+            stop.set()
+        elif not cut.event.is_set():
+            log.warning("%s again: cutting %d requests in flight; their records are written", name, handle.in_flight)
+            cut.now(f"a second signal ({name})", signum)
+        else:
+            log.warning("%s: already stopping, writing the last records (SIGKILL ends the process now)", name)
+
+    with stop_signals(on_signal):
+        where = ", ".join(f"http://{cfg.host}:{p}" for p in bound_ports(handle.runner))
+        typer.echo(f"specproxy proxy: {where} -> {cfg.upstream}", err=True)  # once a signal stops it cleanly
+        try:
             await stop.wait()
-    finally:
-        await handle.close()  # stops listening, drains in-flight requests, writes every record it can
-    sink = handle.recorder.sink
+        finally:
+            stopped = await handle.close(cut)
+    raise typer.Exit(_exit_code(stopped, handle.recorder.sink))
+
+
+def _exit_code(stopped: Stopped, sink: RecordSink) -> int:
+    """0 when every record was written, after a drain or a cut by the drain timeout (the configured way to stop);
+    128 + the signal (130, 143) when a second signal cut streams, as for a process that signal ended, records
+    written all the same; 1 when records could not be written, whatever the stop."""
+    if stopped.cut:
+        typer.echo(
+            f"specproxy proxy: {stopped.cut} requests cut by {stopped.cut_reason}: recorded with outcome shutdown",
+            err=True,
+        )
     if sink.dropped:
         raise CommandError(
             f"{sink.dropped} records were lost (not written to {sink.path}; {sink.written} written)", EXIT_FAILURE
         )
+    if stopped.signum is not None:
+        return EXIT_SIGINT if stopped.signum == signal.SIGINT else EXIT_SIGTERM
+    return EXIT_OK

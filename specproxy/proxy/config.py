@@ -19,7 +19,9 @@ class ProxyConfig:
     idle_timeout_s: float = 600.0  # no byte from upstream for this long: give up (no total timeout)
     max_body_bytes: int = 64 * 1024 * 1024
     max_connections: int = 0  # 0 = unlimited (aiohttp's default of 100 would cap concurrency)
-    drain_timeout_s: float = 30.0
+    # On stop, in-flight streams get this long to finish before they are cut: shorter than docker stop's 10 s and
+    # Kubernetes' 30 s grace, so the cut streams' records are written before the SIGKILL.
+    drain_timeout_s: float = 8.0
     fail_closed: bool = False
     client_header_timeout_s: float = 60.0  # a whole request head, from connect or from its first byte (nginx's 60 s)
     client_body_timeout_s: float = 60.0  # between two reads of a request body (nginx's client_body_timeout)

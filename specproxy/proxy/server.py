@@ -10,7 +10,7 @@ also during prefill before the first byte.
 Byte for byte also for the request target (RFC 9112 3.2): ``request.raw_path`` is forwarded as sent (see
 :meth:`Upstream.url`), and recorded without its query string. The front door (:mod:`specproxy.serving`): a body
 over ``--max-body`` is refused before it is read, a body that stops coming gets 408, a head that never completes
-is closed.
+is closed. :meth:`ProxyHandle.close` stops in two steps; streams it cuts are recorded with outcome ``shutdown``.
 Error texts, in records and in the proxy's own error responses, go through :func:`specproxy.core.errors.one_line`.
 
 One module: a relayed request's way through the proxy (target, body, upstream, stream, outcome) is one sequence of
@@ -44,15 +44,17 @@ from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.trace import RequestMeta, Trace
 from specproxy.serving import (
+    Cut,
+    InFlight,
     Refused,
+    Stopped,
     base_url,
-    bound_ports,
     close_after,
     declared_too_large,
     origin_form,
     read_body,
     start_app,
-    stop_signals,
+    stop_in_two_steps,
     target_path,
 )
 
@@ -81,6 +83,7 @@ CONFIG = web.AppKey("config", ProxyConfig)
 RECORDER = web.AppKey("recorder", Recorder)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 RESOLVER = web.AppKey("resolver", WorkloadResolver)
+IN_FLIGHT = web.AppKey("in_flight", InFlight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +144,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
     own = _OWN.get(path) if request.method in ("GET", "HEAD") else None
     if own is not None:
         return await own(request)
-    return await _proxy(request, target, path)
+    in_flight = request.app[IN_FLIGHT]
+    task = in_flight.enter()
+    try:
+        return await _proxy(request, target, path)
+    finally:
+        in_flight.leave(task)
 
 
 async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResponse:
@@ -183,7 +191,11 @@ async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResp
         resp, outcome, error = await _relay(request, cfg, target, body, trace)
         return resp
     except asyncio.CancelledError:
-        outcome, error = "client_cancelled", "client disconnected"
+        cut_by = request.app[IN_FLIGHT].cut_reason
+        if cut_by is not None:  # the proxy is stopping and cut this stream, not the client
+            outcome, error = "shutdown", f"cut by shutdown: {cut_by}"
+        else:
+            outcome, error = "client_cancelled", "client disconnected"
         raise
     except Exception as e:  # never let our own failure pass silently: record it, answer 502 if we still can
         log.exception("relay failed")
@@ -361,6 +373,7 @@ def build_app(cfg: ProxyConfig) -> web.Application:
     app[CONFIG] = cfg
     app[RESOLVER] = WorkloadResolver(cfg.rules)
     app[UPSTREAM] = Upstream.parse(cfg.upstream)
+    app[IN_FLIGHT] = InFlight()
 
     async def resources(app: web.Application) -> Any:
         connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0)
@@ -385,7 +398,8 @@ def build_app(cfg: ProxyConfig) -> web.Application:
 
 @dataclass(slots=True)
 class ProxyHandle:
-    """A proxy listening in this event loop: ``url``, its ``recorder``, and ``close()`` (drains, writes records)."""
+    """A proxy listening in this event loop: ``url``, its ``recorder``, and ``close()`` (drains, cuts what is left,
+    writes every record)."""
 
     url: str
     runner: web.AppRunner
@@ -394,8 +408,15 @@ class ProxyHandle:
     def recorder(self) -> Recorder:
         return self.runner.app[RECORDER]
 
-    async def close(self) -> None:
-        await self.runner.cleanup()  # stops listening, drains in-flight handlers, then writes every record
+    @property
+    def in_flight(self) -> int:
+        return len(self.runner.app[IN_FLIGHT])
+
+    async def close(self, cut: Cut | None = None) -> Stopped:
+        """Stop listening; let in-flight requests finish for up to ``drain_timeout_s`` (or until ``cut`` is asked
+        for); cut the rest (recorded with outcome ``shutdown``); then write every record."""
+        app = self.runner.app
+        return await stop_in_two_steps(self.runner, app[IN_FLIGHT], app[CONFIG].drain_timeout_s, cut)
 
 
 async def start_proxy(cfg: ProxyConfig) -> ProxyHandle:
@@ -403,25 +424,9 @@ async def start_proxy(cfg: ProxyConfig) -> ProxyHandle:
         build_app(cfg),
         cfg.host,
         cfg.port,
-        shutdown_timeout=cfg.drain_timeout_s,
+        shutdown_timeout=1.0,  # aiohttp's own wait, for stragglers only: ProxyHandle.close has drained and cut
         handler_cancellation=True,
         reuse_address=True,  # a restarted proxy takes its port back at once, despite connections in TIME_WAIT
         client_header_timeout=cfg.client_header_timeout_s,
     )
     return ProxyHandle(base_url(runner), runner)
-
-
-async def serve(cfg: ProxyConfig, *, ready: asyncio.Event | None = None, bound: list[int] | None = None) -> None:
-    """Serve until SIGTERM / SIGINT (or cancellation); then stop accepting, let in-flight requests finish up to
-    ``drain_timeout_s``, and write every record."""
-    handle = await start_proxy(cfg)
-    if bound is not None:
-        bound.extend(bound_ports(handle.runner))
-    stop = asyncio.Event()
-    try:
-        with stop_signals(lambda _signum: stop.set()):
-            if ready is not None:
-                ready.set()
-            await stop.wait()
-    finally:
-        await handle.close()
