@@ -112,7 +112,10 @@ async def test_declared_body_over_max_body_gets_413_at_once(tmp_path: Path) -> N
                 px.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
             )
             assert ok.startswith(b"HTTP/1.1 200")
+            status = px.recorder.status()
         assert up.lines == [b"POST /v1/completions HTTP/1.1"]  # the refused ones never reached the upstream
+        assert status["refused"] == {"413": 2}  # unrecorded, but counted
+        assert px.recorder.metrics.registry.get_sample_value("specproxy_requests_refused_total", {"status": "413"}) == 2
     finally:
         await up.close()
 

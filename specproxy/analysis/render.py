@@ -12,9 +12,10 @@ from typing import Any
 from specproxy.analysis.acceptance import Acceptance
 from specproxy.analysis.aggregate import FIGURES, LATENCY_FIGURES, GroupReport, Report
 from specproxy.analysis.tables import Table, fmt, fmt_ms, fmt_pct, fmt_signed_pct, fmt_spread
+from specproxy.core.record import OUTCOMES
 
 JSON_VERSION = 1
-_OUTCOME_ORDER = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error")
+_OUTCOME_ORDER = OUTCOMES
 _APPROX_TOKENS = ("tiktoken", "approx", "none")
 _SOURCES = ("server", "chunks", "counters", "none")
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 import aiohttp
 import orjson
 
+from specproxy.core.errors import one_line
 from specproxy.core.headers import WORKLOAD_HEADER
 from specproxy.loadgen.plan import PlannedRequest
 from specproxy.loadgen.progress import Progress
@@ -130,7 +131,7 @@ class Client:
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300] or type(e).__name__
+    return one_line(e, 300) or type(e).__name__
 
 
 async def closed_loop(

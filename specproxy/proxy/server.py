@@ -164,6 +164,7 @@ async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResp
     try:
         body = await read_body(request, limit=cfg.max_body_bytes, idle_s=cfg.client_body_timeout_s)
     except Refused as refused:  # turned away before forwarding (413, 408): no upstream request, no record
+        recorder.refused(refused.status)
         answer = _refusal(request, refused)
         return await close_after(request, answer) if refused.close_now else answer
     parsed: Any = None
@@ -217,6 +218,7 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
     100, so the client does not send it; any other request is answered as aiohttp's default handler does."""
     refused = declared_too_large(request, request.app[CONFIG].max_body_bytes)
     if refused is not None:
+        request.app[RECORDER].refused(refused.status)
         return _refusal(request, refused)
     if request.version == aiohttp.HttpVersion11:
         expect = request.headers.get("Expect", "")

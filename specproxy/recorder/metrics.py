@@ -59,6 +59,13 @@ class OwnMetrics:
             registry=r,
         )
         self.in_flight = Gauge("specproxy_in_flight_requests", "Requests in flight.", registry=r)
+        self.refused = Counter(
+            "specproxy_requests_refused",
+            "Requests answered by the proxy itself before any upstream request (413 body too large, 408 body too "
+            "slow): they get no record.",
+            ["status"],
+            registry=r,
+        )
         self.scrape_errors = Counter(
             "specproxy_upstream_scrape_errors", "Failed scrapes of the engine's /metrics.", registry=r
         )

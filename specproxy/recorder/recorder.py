@@ -94,6 +94,7 @@ class Recorder:
         self.in_flight = 0
         self.workload_spec: dict[str, SpecCounts] = {}
         self.workload_requests: dict[str, dict[str, int]] = {}
+        self.refused_requests: dict[int, int] = {}
 
     async def start(self) -> None:
         await self.sink.start()
@@ -110,6 +111,11 @@ class Recorder:
             keep_text=self.config.capture == "full",
             ledger=self.ledger if self.scraper.enabled else None,
         )
+
+    def refused(self, status: int) -> None:
+        """The proxy answered a request itself before forwarding it (413, 408): counted, not recorded."""
+        self.refused_requests[status] = self.refused_requests.get(status, 0) + 1
+        self.metrics.refused.labels(str(status)).inc()
 
     @property
     def idle(self) -> bool:
@@ -329,6 +335,7 @@ class Recorder:
                 "sink_errors": self.sink.errors,
                 "files_deleted": self.sink.files_deleted,
             },
+            "refused": {str(status): n for status, n in sorted(self.refused_requests.items())},  # answered, unrecorded
         }
 
     def _check_calibration(self) -> None:
