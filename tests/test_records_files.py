@@ -131,3 +131,22 @@ def test_a_broken_middle_line_is_still_an_error_on_the_command_line(tmp_path: Pa
     p = run_cli("report", str(path), cwd=tmp_path)
     assert p.returncode == 2 and p.stderr.count("\n") == 1
     assert f"{path}:2: not JSON" in p.stderr
+
+
+def test_worker_parts_are_joined_on_line_boundaries_into_a_private_file(tmp_path: Path) -> None:
+    from specproxy.loadgen.workers import join_parts
+
+    whole = b'{"request_id": "a"}\n'
+    parts = [tmp_path / "p0", tmp_path / "p1", tmp_path / "p2"]
+    parts[0].write_bytes(whole + b'{"request_id": "cut sh')  # a worker killed mid-write
+    parts[1].write_bytes(whole.replace(b"a", b"b") * 3)
+    parts[2].write_bytes(b"")
+    out = tmp_path / "run.jsonl"
+    join_parts(parts, out)
+    assert (out.stat().st_mode & 0o777) == 0o600
+    assert out.read_bytes().split(b"\n")[:3] == [
+        whole.rstrip(),
+        b'{"request_id": "cut sh',
+        whole.rstrip().replace(b"a", b"b"),
+    ]
+    assert not any(p.exists() for p in parts)

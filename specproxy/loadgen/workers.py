@@ -110,7 +110,7 @@ async def run_workers(
                 p.kill()
         q.close()
         q.join_thread()
-    await asyncio.to_thread(_concatenate, parts, out)
+    await asyncio.to_thread(join_parts, parts, out)
     if errors:
         w, msg = sorted(errors.items())[0]
         raise WorkerError(f"worker {w} of {workers} failed: {msg}")
@@ -129,13 +129,29 @@ async def run_workers(
     return merged
 
 
-def _concatenate(parts: list[Path], out: Path) -> None:
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return b""
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
+def join_parts(parts: list[Path], out: Path) -> None:
+    """Append every worker's part to ``out`` (created 0600, as the sink creates record files), each part starting on a
+    line of its own: a worker killed mid-write leaves a partial last line, which readers then skip with a warning
+    instead of finding it glued to the next part's first record."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("ab") as dst:
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "ab") as dst:
+        last = _last_byte(out)
         for part in parts:
             if not part.exists():
                 continue
+            if last not in (b"", b"\n"):  # the previous part ended mid-line
+                dst.write(b"\n")
             with part.open("rb") as src:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
+                    last = chunk[-1:]
             part.unlink()
