@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import sys
 import tempfile
@@ -37,6 +38,7 @@ class BenchConfig:
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
+    chunks: int
     chunks_per_s: float
     tokens_per_s: float
     ttft_p50_s: float
@@ -44,8 +46,24 @@ class RoundResult:
     failed: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Process:
+    url: str
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces: split after it
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 @contextlib.asynccontextmanager
-async def _process(*args: str) -> AsyncIterator[str]:
+async def _process(*args: str) -> AsyncIterator[_Process]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "specproxy", *args, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL
     )
@@ -55,7 +73,7 @@ async def _process(*args: str) -> AsyncIterator[str]:
         m = _URL.search(line)
         if m is None:
             raise RuntimeError(f"specproxy {args[0]} did not start: {line.decode(errors='replace').strip()}")
-        yield m.group(1).decode()
+        yield _Process(m.group(1).decode(), proc.pid)
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -110,6 +128,7 @@ async def _round(session: aiohttp.ClientSession, url: str, cfg: BenchConfig) -> 
     await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
     span = clock() - t0
     return RoundResult(
+        chunks=chunks,
         chunks_per_s=chunks / span,
         tokens_per_s=tokens / span,
         ttft_p50_s=median(ttfts) or 0.0,
@@ -136,21 +155,26 @@ async def run_bench(cfg: BenchConfig) -> str:
         record = Path(tmp) / "bench.jsonl"
         async with (
             _process("sim", "--listen", "127.0.0.1:0", "--speed", str(cfg.speed)) as sim,
-            _process("proxy", "--upstream", sim, "--listen", "127.0.0.1:0", "--record", str(record)) as proxy,
+            _process("proxy", "--upstream", sim.url, "--listen", "127.0.0.1:0", "--record", str(record)) as proxy,
         ):
             connector = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as s:
-                await _round(s, sim, BenchConfig(concurrency=4, requests=8, max_tokens=32))  # warm both paths
-                await _round(s, proxy, BenchConfig(concurrency=4, requests=8, max_tokens=32))
+                await _round(s, sim.url, BenchConfig(concurrency=4, requests=8, max_tokens=32))  # warm both paths
+                await _round(s, proxy.url, BenchConfig(concurrency=4, requests=8, max_tokens=32))
                 direct: list[RoundResult] = []
                 proxied: list[RoundResult] = []
                 t0 = time.monotonic()
+                cpu0 = cpu_seconds(proxy.pid)
                 for _ in range(cfg.rounds):
-                    direct.append(await _round(s, sim, cfg))
-                    proxied.append(await _round(s, proxy, cfg))
+                    direct.append(await _round(s, sim.url, cfg))
+                    proxied.append(await _round(s, proxy.url, cfg))
+                await asyncio.sleep(1.0)  # the last records' closing scrapes and finalisation
+                cpu1 = cpu_seconds(proxy.pid)
                 elapsed = time.monotonic() - t0
         total, reads, records = _overhead(record)  # the proxy has stopped: every record is written
-    return _render(cfg, direct, proxied, total, reads, records, elapsed)
+    # the proxy is idle while the client talks to the simulator directly: all its CPU is the proxied rounds'
+    cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+    return _render(cfg, direct, proxied, total, reads, records, elapsed, cpu)
 
 
 def _med(xs: list[RoundResult], attr: str) -> float:
@@ -165,6 +189,7 @@ def _render(
     overhead_count: float,
     records: int,
     elapsed: float,
+    proxy_cpu_s: float | None = None,
 ) -> str:
     rows = [
         ("chunks/s", "chunks_per_s", "{:.0f}"),
@@ -186,10 +211,15 @@ def _render(
         out.append(f"{name:20} {fmt.format(d * scale):>10} {fmt.format(p * scale):>10} {ratio:>13}")
     failed = sum(x.failed for x in direct + proxied)
     per_read = overhead_sum / overhead_count * 1e6 if overhead_count else float("nan")
+    relayed = sum(r.chunks for r in proxied)
     out += [
         "",
         f"time recording adds per relayed read: {per_read:.1f} us mean over {overhead_count:.0f} reads"
         " (SSE scan, JSON parse, timeline; from the proxy's records)",
+        f"proxy CPU per 1,000 relayed chunks: {proxy_cpu_s / relayed * 1000 * 1000:.1f} ms (user + system, recording"
+        " and scraping on; all rounds)"
+        if proxy_cpu_s is not None and relayed
+        else "proxy CPU: not measured (no /proc)",
         f"records written by the proxy: {records}; failed requests: {failed}; measured in {elapsed:.1f} s",
         "on a shared 2-core machine the simulator, the proxy and this client compete for the cores: read the ratios",
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import re
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,8 @@ def test_bench_prints_side_by_side_figures() -> None:
     assert p.returncode == 0, p.stderr
     assert "proxy/direct" in p.stdout and "chunks/s" in p.stdout
     assert "failed requests: 0" in p.stdout
+    cpu = re.search(r"proxy CPU per 1,000 relayed chunks: ([\d.]+) ms", p.stdout)
+    assert cpu is not None and float(cpu.group(1)) > 0, p.stdout
 
 
 def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
