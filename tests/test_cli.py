@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import socket
 import re
+import socket
 import subprocess
 import sys
 import tempfile
