@@ -19,7 +19,7 @@ from specproxy.core.workload_rules import (
 )
 from specproxy.recorder.scraper import Scraper
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "vllm-0.32-cpu"
+DATA = Path(__file__).parent / "data"  # real vLLM 0.32 captures (tests/data/README.md)
 
 
 @pytest.mark.timeout(20)

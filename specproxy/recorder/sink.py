@@ -143,6 +143,7 @@ class RecordSink:
         # Bytes the next append may carry: halved after a failed append of several records, so that a disk with a
         # little room left still takes whole records, as many as fit; doubled back after each success.
         budget = self.append_bytes
+        last_try = False  # closing: the one more attempt a record gets after a failure, before it counts as lost
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -165,7 +166,12 @@ class RecordSink:
                         budget = max(1, size // 2)  # fewer records at once, right away
                         continue
                     if self._closing:
-                        return
+                        if last_try:
+                            return
+                        # an append that failed before (or as) close() was called gets one more try at once: the
+                        # disk may have room again, and close() promises a last attempt
+                        last_try = True
+                        continue
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), self.retry_s)  # retry later; records stay queued
                     continue
