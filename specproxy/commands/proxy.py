@@ -62,6 +62,9 @@ def register(app: typer.Typer) -> None:
         rules: Path | None = typer.Option(None, "--rules", help="JSON rules mapping requests to workloads."),
         label: str | None = typer.Option(None, "--label", help="Configuration label stored in every record."),
         capture: str = typer.Option("request", "--capture", help="What to keep of bodies: none, request, full."),
+        capture_max: str = typer.Option(
+            "1MB", "--capture-max-bytes", help="Larger request bodies are relayed but not parsed or captured."
+        ),
         k: KOpt = None,
         scrape_interval: float = typer.Option(0.25, "--scrape-interval", help="Seconds between scrapes in flight."),
         scrape_min_gap: float = typer.Option(
@@ -137,6 +140,7 @@ def register(app: typer.Typer) -> None:
                 fail(str(e))
         max_body_bytes = parse_size(max_body)  # every option is checked before anything touches the disk
         record_buffer_bytes = parse_size(record_buffer)
+        capture_max_bytes = parse_size(capture_max)
         record_path = None if record == "-" else record
         if record_path is not None:
             try:
@@ -153,6 +157,7 @@ def register(app: typer.Typer) -> None:
                 metrics_url=murl,
                 label=label,
                 capture=capture,
+                capture_max_bytes=capture_max_bytes,
                 k=k,
                 scrape_interval_s=scrape_interval,
                 scrape_min_gap_s=scrape_min_gap,

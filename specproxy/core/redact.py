@@ -28,6 +28,17 @@ from urllib.parse import unquote_plus
 REDACTED = "[redacted]"
 MAX_DEPTH = 128  # real request bodies (tool schemas included) nest a few dozen levels at most
 TOO_DEEP = f"[not captured: body_too_deep, nested deeper than {MAX_DEPTH} levels]"
+
+
+MAX_CONTAINERS = 20_000  # objects and arrays in one body: real requests (tool schemas included) have hundreds
+TOO_MANY = f"[not captured: body_too_large, more than {MAX_CONTAINERS} objects and arrays]"
+
+
+def too_large(size: int, limit: int) -> str:
+    """The placeholder a record keeps for a body over the capture limit (relayed, never parsed)."""
+    return f"[not captured: body_too_large, {size} bytes over the {limit}-byte limit]"
+
+
 # A body that is not JSON cannot be replayed (replay sends JSON objects): it is kept for a reader, cut to this many
 # characters (an audio upload, a multipart form can be megabytes), which also bounds the cost of its redaction.
 TEXT_CAPTURE_CHARS = 64 * 1024
@@ -178,26 +189,41 @@ class BodyTooDeep(ValueError):
     pass
 
 
-def redact_json(value: Any, *, _depth: int = 0, _names: bool = False) -> Any:
+class BodyTooLarge(ValueError):
+    pass
+
+
+_PLAIN = frozenset({int, float, bool})
+
+
+def redact_json(value: Any, *, _depth: int = 0, _names: bool = False, _left: list[int] | None = None) -> Any:
     """A copy of parsed JSON with secrets replaced. Raises :class:`BodyTooDeep` beyond :data:`MAX_DEPTH` levels of
-    objects and arrays: the recursion is bounded by it, never by the interpreter's limit."""
+    objects and arrays: the recursion is bounded by it, never by the interpreter's limit; and
+    :class:`BodyTooLarge` beyond :data:`MAX_CONTAINERS` objects and arrays, so the walk's time is bounded too."""
     if isinstance(value, str):
         return redact_values(value)
     if not isinstance(value, dict | list):
         return value
     if _depth >= MAX_DEPTH:
         raise BodyTooDeep(f"nested deeper than {MAX_DEPTH} levels")
+    if _left is None:
+        _left = [MAX_CONTAINERS]
+    _left[0] -= 1
+    if _left[0] < 0:
+        raise BodyTooLarge(f"more than {MAX_CONTAINERS} objects and arrays")
     if isinstance(value, list):
-        return [redact_json(v, _depth=_depth + 1) for v in value]
+        # numbers, booleans and nulls come back as they are, without a call each: a body of many tiny elements
+        # (up to --capture-max-bytes) must not cost a Python call per element
+        return [v if v is None or type(v) in _PLAIN else redact_json(v, _depth=_depth + 1, _left=_left) for v in value]
     out: dict[Any, Any] = {}
     for k, v in value.items():
         name = str(k)
         if _names and isinstance(v, dict | bool):  # a schema under a property name: a name, not a secret
-            out[k] = redact_json(v, _depth=_depth + 1)
+            out[k] = redact_json(v, _depth=_depth + 1, _left=_left)
         elif is_secret_key(name) and v is not None and not isinstance(v, bool):
             out[k] = REDACTED  # null and true/false carry no secret and keep their meaning
         else:
-            out[k] = redact_json(v, _depth=_depth + 1, _names=name in _SCHEMA_MAPS and isinstance(v, dict))
+            out[k] = redact_json(v, _depth=_depth + 1, _names=name in _SCHEMA_MAPS and isinstance(v, dict), _left=_left)
     return out
 
 
@@ -326,3 +352,5 @@ def capture_body(body: Any) -> Any:
         return redact_json(body)
     except BodyTooDeep:
         return TOO_DEEP
+    except BodyTooLarge:
+        return TOO_MANY

@@ -21,7 +21,6 @@ the front door, stopping) is in :mod:`specproxy.serving`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import logging
 import os
@@ -39,6 +38,7 @@ from yarl import URL
 
 from specproxy.core.errors import one_line
 from specproxy.core.headers import REQUEST_ID_HEADER, WORKLOAD_HEADER
+from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import Recorder
@@ -167,23 +167,20 @@ async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResp
         recorder.refused(refused.status)
         answer = _refusal(request, refused)
         return await close_after(request, answer) if refused.close_now else answer
-    parsed: Any = None
-    if body and body[:1] in (b"{", b"[", b" ", b"\n", b"\r", b"\t"):
-        with contextlib.suppress(orjson.JSONDecodeError):
-            parsed = orjson.loads(body)
-    model = parsed.get("model") if isinstance(parsed, dict) and isinstance(parsed.get("model"), str) else None
-    stream_req = bool(parsed.get("stream")) if isinstance(parsed, dict) else False
+    facts = inspect_body(body, cfg.recorder.capture_max_bytes)  # bounded work, whatever the body
+    parsed = facts.parsed
     resolver = request.app[RESOLVER]
     headers_lower = {k.lower(): v for k, v in request.headers.items()}
     message = last_user_message(parsed if isinstance(parsed, dict) else None) if resolver.needs_message else None
-    workload = resolver.resolve(request.headers.get(WORKLOAD_HEADER), path, model, headers_lower, message)
+    workload = resolver.resolve(request.headers.get(WORKLOAD_HEADER), path, facts.model, headers_lower, message)
     meta = RequestMeta(
         method=request.method,
         path=path,
         workload=workload,
-        model=model,
-        body=parsed if parsed is not None else (body.decode("utf-8", "replace") if body else None),
-        stream_requested=stream_req,
+        model=facts.model,
+        body=parsed if parsed is not None else facts.text(body),
+        body_bytes=facts.size if facts.over_limit else None,
+        stream_requested=facts.stream,
     )
     trace = recorder.begin(meta)
     outcome: str = "proxy_error"

@@ -24,7 +24,7 @@ from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
-from specproxy.core.redact import TOO_DEEP, capture_body, redact_values
+from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
 from specproxy.core.stats import step_and_token_gaps
 from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, Tokenizer
@@ -44,6 +44,9 @@ class RecorderConfig:
     metrics_url: str | None = None
     label: str | None = None
     capture: str = "request"  # none | request | full
+    # A request body over this many bytes is relayed as it is but neither parsed nor captured (bounded work per
+    # request: parsing costs per element, and a body of millions of tiny elements froze every stream for seconds).
+    capture_max_bytes: int = 1024 * 1024
     k: int | None = None  # num_speculative_tokens, when known; else learned from the counters
     scrape_interval_s: float = 0.25
     scrape_timeout_s: float = 2.0
@@ -221,7 +224,13 @@ class Recorder:
     def _minimal_record(self, trace: Trace, outcome: str, error: str | None) -> Record:
         """Every field, with what is known before the response is read: the record of a request that got none."""
         meta = trace.meta
-        captured = capture_body(meta.body) if self.config.capture in ("request", "full") else None
+        capture = self.config.capture in ("request", "full")
+        if meta.body_bytes is not None:  # over capture_max_bytes: never parsed
+            captured: Any = too_large(meta.body_bytes, self.config.capture_max_bytes) if capture else None
+            flags = ["body_too_large"]
+        else:
+            captured = capture_body(meta.body) if capture else None
+            flags = ["body_too_deep"] if captured == TOO_DEEP else ["body_too_large"] if captured == TOO_MANY else []
         return {
             "schema_version": SCHEMA_VERSION,
             "request_id": meta.request_id,
@@ -254,7 +263,7 @@ class Recorder:
             "multi_event_reads": 0,
             "keepalives": 0,
             "chunks_are_steps": False,
-            "flags": ["body_too_deep"] if captured == TOO_DEEP else [],
+            "flags": flags,
             "proxy_overhead_s": None,
             "spec": None,
             "request": captured,

@@ -23,6 +23,7 @@ class RequestMeta:
     workload: str
     model: str | None = None
     body: Any = None  # the parsed JSON body, kept only per --capture
+    body_bytes: int | None = None  # set for a body over capture_max_bytes, which was neither parsed nor kept
     stream_requested: bool = False
     replay_of: str | None = None
     repeat: int | None = None
