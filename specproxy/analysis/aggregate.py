@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specproxy.analysis.acceptance import Acceptance, pool_acceptance
+from specproxy.analysis.slo import FigureSpec, goodput, percentile_name
 from specproxy.core.record import Record, number
 from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
 
@@ -21,20 +22,10 @@ GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "path", "metho
 DEFAULT_GROUP_BY = ("workload", "label")
 NONE_KEY = "(none)"
 
-# Scalar figures, in the order tables show them. Units are in the names: `_s` seconds, `_tok_s` tokens per second.
-LATENCY_FIGURES = ("ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "itl_s_p50", "itl_s_p99", "step_s_p50", "step_s_p99")
-FIGURES = (
-    "decode_tok_s_p50",
-    "output_tok_s",
-    *LATENCY_FIGURES,
-    "tpot_s_p50",
-    "tpot_s_p90",
-    "e2e_s_p50",
-    "e2e_s_p90",
-    "e2e_s_p99",
-    "acceptance_rate",
-    "mean_acceptance_length",
-)
+# Scalar figures by default, in the order tables show them (``--percentiles`` and ``--slo`` change the set: see
+# :class:`specproxy.analysis.slo.FigureSpec`). Units are in the names: `_s` seconds, `_tok_s` tokens per second.
+DEFAULT_SPEC = FigureSpec()
+FIGURES = DEFAULT_SPEC.names
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +71,11 @@ class Report:
     group_by: tuple[str, ...]
     groups: tuple[GroupReport, ...]
     requests: int
+    spec: FigureSpec = DEFAULT_SPEC
+
+    @property
+    def figure_names(self) -> tuple[str, ...]:
+        return self.spec.names
 
 
 def key_value(rec: Record, field: str) -> str:
@@ -163,43 +159,44 @@ def output_tok_s(records: Sequence[Record]) -> float | None:
     return tokens / span if span > 0 else None
 
 
-def scalar_figures(records: Sequence[Record]) -> dict[str, float | None]:
-    """Every figure of :data:`FIGURES` for one partition of records."""
+def scalar_figures(records: Sequence[Record], spec: FigureSpec = DEFAULT_SPEC) -> dict[str, float | None]:
+    """Every figure ``spec`` names, for one partition of records."""
     ok = [r for r in records if is_ok(r)]
-    ttft = values(ok, lambda r: r["ttft_s"])
-    e2e = values(ok, lambda r: r["e2e_s"])
-    tpot = values(ok, request_tpot_s)
     step, token = gaps(ok)
+    samples = {
+        "ttft": values(ok, lambda r: r["ttft_s"]),
+        "itl": token,
+        "step": step,
+        "tpot": values(ok, request_tpot_s),
+        "e2e": values(ok, lambda r: r["e2e_s"]),
+    }
     acc = pool_acceptance(records)
-    return {
+    out: dict[str, float | None] = {
         "decode_tok_s_p50": median(values(ok, request_tok_s)),
         "output_tok_s": output_tok_s(records),
-        "ttft_s_p50": percentile(ttft, 50),
-        "ttft_s_p90": percentile(ttft, 90),
-        "ttft_s_p99": percentile(ttft, 99),
-        "itl_s_p50": percentile(token, 50),
-        "itl_s_p99": percentile(token, 99),
-        "step_s_p50": percentile(step, 50),
-        "step_s_p99": percentile(step, 99),
-        "tpot_s_p50": percentile(tpot, 50),
-        "tpot_s_p90": percentile(tpot, 90),
-        "e2e_s_p50": percentile(e2e, 50),
-        "e2e_s_p90": percentile(e2e, 90),
-        "e2e_s_p99": percentile(e2e, 99),
-        "acceptance_rate": acc.acceptance_rate,
-        "mean_acceptance_length": acc.mean_acceptance_length,
     }
+    for metric, ps in spec.percentiles.items():
+        for p in ps:
+            out[percentile_name(metric, p)] = percentile(samples[metric], p)
+    out["acceptance_rate"] = acc.acceptance_rate
+    out["mean_acceptance_length"] = acc.mean_acceptance_length
+    if spec.slo is not None:
+        gp = goodput(records, spec.slo)
+        out.update(slo_attainment=gp.attainment, goodput_req_s=gp.requests_per_s, goodput_tok_s=gp.tokens_per_s)
+    return out
 
 
-def combine(per_partition: Sequence[Mapping[str, float | None]]) -> dict[str, Figure]:
+def combine(per_partition: Sequence[Mapping[str, float | None]], names: Sequence[str] = FIGURES) -> dict[str, Figure]:
     out: dict[str, Figure] = {}
-    for name in FIGURES:
+    for name in names:
         xs = [v for p in per_partition if (v := p.get(name)) is not None]
         out[name] = Figure(median(xs), min(xs), max(xs), len(xs)) if xs else Figure(None, None, None, 0)
     return out
 
 
-def summarize_group(key: tuple[tuple[str, str], ...], records: Sequence[Record]) -> GroupReport:
+def summarize_group(
+    key: tuple[tuple[str, str], ...], records: Sequence[Record], spec: FigureSpec = DEFAULT_SPEC
+) -> GroupReport:
     parts = partitions(records)
     repeated = any(r["repeat"] is not None for r in records)
     token_sources = Counter(r["token_source"] for r in records)
@@ -208,7 +205,7 @@ def summarize_group(key: tuple[tuple[str, str], ...], records: Sequence[Record])
         requests=len(records),
         outcomes=dict(Counter(r["outcome"] for r in records)),
         repeats=len(parts) if repeated else 0,
-        figures=combine([scalar_figures(p) for p in parts]),
+        figures=combine([scalar_figures(p, spec) for p in parts], spec.names),
         acceptance=pool_acceptance(records),
         token_sources=dict(token_sources),
         chunks_not_steps=sum(1 for r in records if r["stream"] and not r["chunks_are_steps"]),
@@ -216,14 +213,16 @@ def summarize_group(key: tuple[tuple[str, str], ...], records: Sequence[Record])
     )
 
 
-def build_report(records: Iterable[Record], by: Sequence[str] = DEFAULT_GROUP_BY) -> Report:
+def build_report(
+    records: Iterable[Record], by: Sequence[str] = DEFAULT_GROUP_BY, spec: FigureSpec = DEFAULT_SPEC
+) -> Report:
     """Group the records and summarise each group. ``by`` fields must be in :data:`GROUP_FIELDS`."""
     unknown = [f for f in by if f not in GROUP_FIELDS]
     if unknown or not by:
         raise ValueError(f"cannot group by {','.join(unknown) or '(nothing)'}; choose from {','.join(GROUP_FIELDS)}")
     groups = group_records(records, by)
-    reports = tuple(summarize_group(tuple(zip(by, key, strict=True)), recs) for key, recs in groups.items())
-    return Report(group_by=tuple(by), groups=reports, requests=sum(g.requests for g in reports))
+    reports = tuple(summarize_group(tuple(zip(by, key, strict=True)), recs, spec) for key, recs in groups.items())
+    return Report(group_by=tuple(by), groups=reports, requests=sum(g.requests for g in reports), spec=spec)
 
 
 def in_flight(records: Iterable[Record]) -> list[tuple[float, int]]:

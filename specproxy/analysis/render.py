@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from specproxy.analysis.acceptance import Acceptance
-from specproxy.analysis.aggregate import FIGURES, LATENCY_FIGURES, GroupReport, Report
+from specproxy.analysis.aggregate import GroupReport, Report
+from specproxy.analysis.slo import FigureSpec
 from specproxy.analysis.tables import Table, fmt, fmt_ms, fmt_pct, fmt_signed_pct, fmt_spread
 from specproxy.core.record import OUTCOMES
 
@@ -18,6 +19,14 @@ JSON_VERSION = 1
 _OUTCOME_ORDER = OUTCOMES
 _APPROX_TOKENS = ("tiktoken", "approx", "none")
 _SOURCES = ("server", "chunks", "counters", "none")
+
+
+_LATENCY_TABLE = ("ttft", "itl", "step")
+_LABELS = {"ttft": "TTFT", "itl": "inter-token", "step": "inter-step", "tpot": "TPOT", "e2e": "E2E"}
+
+
+def _header(spec: FigureSpec, metric: str, unit: str) -> list[str]:
+    return [f"{_LABELS[metric]} p{p:g}{unit}" for p in spec.percentiles.get(metric, ())]
 
 
 def _keys(g: GroupReport) -> tuple[str, ...]:
@@ -47,6 +56,7 @@ def reconciliation_text(acc: Acceptance) -> str:
 
 
 def report_tables(report: Report) -> list[Table]:
+    spec = report.spec
     by = list(report.group_by)
     left = tuple("l" for _ in by)
     repeated = max((g.repeats for g in report.groups), default=0)
@@ -63,19 +73,16 @@ def report_tables(report: Report) -> list[Table]:
                 fmt(tok.value),
                 fmt_spread(tok.min, tok.max) if g.repeats > 1 else "-",
                 fmt(f("output_tok_s")),
-                fmt_ms(f("tpot_s_p50"), 2),
-                fmt_ms(f("tpot_s_p90"), 2),
-                fmt(f("e2e_s_p50"), 2),
-                fmt(f("e2e_s_p90"), 2),
-                fmt(f("e2e_s_p99"), 2),
+                *(fmt_ms(f(n), 2) for n in spec.latency("tpot")),
+                *(fmt(f(n), 2) for n in spec.latency("e2e")),
+                *(
+                    (fmt_pct(f("slo_attainment")), fmt(f("goodput_req_s"), 2), fmt(f("goodput_tok_s")))
+                    if spec.slo is not None
+                    else ()
+                ),
             )
         )
-        lat_rows.append(
-            (
-                *_keys(g),
-                *(fmt_ms(f(n)) for n in LATENCY_FIGURES),
-            )
-        )
+        lat_rows.append((*_keys(g), *(fmt_ms(f(n)) for m in _LATENCY_TABLE for n in spec.latency(m))))
         a = g.acceptance
         spec_rows.append(
             (
@@ -90,7 +97,13 @@ def report_tables(report: Report) -> list[Table]:
             )
         )
         out_rows.append((*_keys(g), str(g.requests), *(str(g.outcomes.get(o, 0)) for o in outcomes)))
+    thr_extra = [*_header(spec, "tpot", " ms"), *_header(spec, "e2e", " s")]
+    if spec.slo is not None:
+        thr_extra += ["SLO met", "goodput req/s", "goodput tok/s"]
+    lat_headers = [h for m in _LATENCY_TABLE for h in _header(spec, m, "")]
     notes: list[str] = []
+    if spec.slo is not None:
+        notes.append(f"SLO: {spec.slo.describe()}; goodput counts the requests that met it over the run's span")
     if repeated:
         notes.append(f"figures are medians over repeats (up to {repeated}); spread is min-max over repeats")
     approx = sum(n for g in report.groups for s, n in g.token_sources.items() if s in _APPROX_TOKENS)
@@ -109,31 +122,13 @@ def report_tables(report: Report) -> list[Table]:
                 "decode tok/s p50",
                 "spread",
                 "output tok/s",
-                "TPOT p50 ms",
-                "TPOT p90 ms",
-                "E2E p50 s",
-                "E2E p90 s",
-                "E2E p99 s",
+                *thr_extra,
             ),
             tuple(thr_rows),
-            (*left, *"r" * 10),
+            (*left, *"r" * (5 + len(thr_extra))),
             tuple(notes),
         ),
-        Table(
-            "Latency (ms)",
-            (
-                *by,
-                "TTFT p50",
-                "TTFT p90",
-                "TTFT p99",
-                "inter-token p50",
-                "inter-token p99",
-                "inter-step p50",
-                "inter-step p99",
-            ),
-            tuple(lat_rows),
-            (*left, *"r" * 7),
-        ),
+        Table("Latency (ms)", (*by, *lat_headers), tuple(lat_rows), (*left, *"r" * len(lat_headers))),
         Table(
             "Speculative decoding",
             (
@@ -187,6 +182,19 @@ def acceptance_json(a: Acceptance) -> dict[str, Any]:
     }
 
 
+def _slo_json(spec: FigureSpec) -> dict[str, Any]:
+    slo = spec.slo
+    assert slo is not None
+
+    def one(x: Any) -> dict[str, float | None]:
+        return {"ttft_s": x.ttft_s, "tpot_s": x.tpot_s, "e2e_s": x.e2e_s}
+
+    return {
+        "default": one(slo.default) if slo.default is not None else None,
+        "per_workload": {w: one(x) for w, x in slo.per_workload.items()},
+    }
+
+
 def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "kind": "specproxy.report",
@@ -194,6 +202,7 @@ def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:
         "inputs": list(inputs),
         "group_by": list(report.group_by),
         "requests": report.requests,
+        **({"slo": _slo_json(report.spec)} if report.spec.slo is not None else {}),
         "groups": [
             {
                 "key": dict(g.key),
@@ -201,7 +210,7 @@ def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:
                 "errors": g.errors,
                 "outcomes": dict(g.outcomes),
                 "repeats": g.repeats,
-                "figures": {n: g.figures[n].as_dict() for n in FIGURES},
+                "figures": {n: g.figures[n].as_dict() for n in report.figure_names},
                 "acceptance": acceptance_json(g.acceptance),
                 "token_sources": dict(g.token_sources),
                 "chunks_not_steps": g.chunks_not_steps,
@@ -220,7 +229,7 @@ def report_csv(report: Report) -> tuple[list[str], list[list[Any]]]:
     sizes = sorted({n for g in report.groups for n in g.acceptance.tokens_per_step})
     outcomes = sorted({o for g in report.groups for o in g.outcomes})
     headers = [*report.group_by, "requests", "errors", "repeats", *(f"outcome_{o}" for o in outcomes)]
-    for n in FIGURES:
+    for n in report.figure_names:
         headers += [n, f"{n}_min", f"{n}_max"] if repeated else [n]
     headers += [
         "k",
@@ -235,7 +244,7 @@ def report_csv(report: Report) -> tuple[list[str], list[list[Any]]]:
     for g in report.groups:
         a = g.acceptance
         row: list[Any] = [*_keys(g), g.requests, g.errors, g.repeats, *(g.outcomes.get(o, 0) for o in outcomes)]
-        for n in FIGURES:
+        for n in report.figure_names:
             fig = g.figures[n]
             row += [fig.value, fig.min, fig.max] if repeated else [fig.value]
         rec = a.reconciliation

@@ -20,6 +20,7 @@ from specproxy.analysis import render, render_advise, render_compare
 from specproxy.analysis.advise import DEFAULT_MAX_K, build_advice
 from specproxy.analysis.aggregate import (
     DEFAULT_GROUP_BY,
+    DEFAULT_SPEC,
     GROUP_FIELDS,
     build_report,
     field_getter,
@@ -32,6 +33,7 @@ from specproxy.analysis.compare import METRICS, build_comparison
 from specproxy.analysis.html import render_html
 from specproxy.analysis.inputs import InputError, load_runs
 from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
+from specproxy.analysis.slo import FigureSpec, parse_percentiles, parse_slo
 from specproxy.analysis.tables import Table, render_csv, render_md, render_text
 from specproxy.commands.common import command, fail
 from specproxy.core.record import Record
@@ -95,6 +97,31 @@ class ReportConfig:
     by: tuple[str, ...]
     output: Path | None
     title: str
+    spec: FigureSpec = DEFAULT_SPEC
+
+
+SloOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--slo",
+        metavar="TARGETS",
+        help="Targets a request must meet, e.g. ttft=500ms,tpot=50ms,e2e=30s (any subset); WORKLOAD:... for one "
+        "workload (repeatable). Adds SLO attainment and goodput.",
+    ),
+]
+PercentilesOpt = Annotated[
+    str | None,
+    typer.Option("--percentiles", metavar="P,P,...", help="Latency percentiles to report, e.g. 50,90,99,99.9."),
+]
+
+
+def figure_spec(percentiles: str | None, slo: list[str] | None) -> FigureSpec:
+    """The report's figures from ``--percentiles`` and ``--slo`` (a bad value: one line, exit 2)."""
+    try:
+        ps = parse_percentiles(percentiles) if percentiles is not None else None
+        return FigureSpec.with_percentiles(ps, parse_slo(slo or []))
+    except ValueError as e:
+        fail(str(e))
 
 
 def parse_by(value: str) -> tuple[str, ...]:
@@ -109,7 +136,7 @@ def parse_by(value: str) -> tuple[str, ...]:
 
 def run_report(cfg: ReportConfig) -> None:
     records = _runs(cfg.runs)
-    report = build_report(records, cfg.by)
+    report = build_report(records, cfg.by, cfg.spec)
     inputs = [str(p) for p in cfg.runs]
     tables = render.report_tables(report)
     if cfg.format == "html":
@@ -238,9 +265,12 @@ def register(app: typer.Typer) -> None:
         ),
         output: OutputOpt = None,
         title: Annotated[str, typer.Option(help="Title of the HTML report.")] = "specproxy report",
+        slo: SloOpt = None,
+        percentiles: PercentilesOpt = None,
     ) -> None:
         """Per workload and configuration: throughput, latency, acceptance, and where each figure came from."""
-        cfg = ReportConfig(tuple(runs), _choice(format, REPORT_FORMATS, "--format"), parse_by(by), output, title)
+        spec = figure_spec(percentiles, slo)
+        cfg = ReportConfig(tuple(runs), _choice(format, REPORT_FORMATS, "--format"), parse_by(by), output, title, spec)
         run_report(cfg)
 
     @command(app, "compare")
