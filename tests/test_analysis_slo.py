@@ -90,3 +90,18 @@ def test_report_cli_prints_goodput_and_chosen_percentiles(tmp_path: Path) -> Non
     assert "SLO met" in table.stdout and "TTFT p99.9" in table.stdout and "goodput req/s" in table.stdout
     bad = run("report", str(path), "--slo", "ttft=soon")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "ttft=soon" in bad.stderr
+
+
+def test_compare_shows_goodput_per_configuration(tmp_path: Path) -> None:
+    base = [make_record(f"b{i}", plain_steps=5, ttft_s=0.5, label="Base", started_at=T0 + i) for i in range(3)]
+    spec = [make_record(f"s{i}", accepted=[1] * 5, k=1, ttft_s=0.05, label="MTP", started_at=T0 + i) for i in range(3)]
+    path = write_run(tmp_path / "both.jsonl", [*base, *spec])
+    p = run("compare", str(path), "--slo", "ttft=100ms", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["label"]: r for r in orjson.loads(p.stdout)["rows"]}
+    assert rows["Base"]["slo_attainment"] == 0 and rows["MTP"]["slo_attainment"] == 1
+    assert rows["MTP"]["goodput_req_s"] > 0
+    table = run("compare", str(path), "--slo", "ttft=100ms")
+    assert "SLO met" in table.stdout and "goodput tok/s" in table.stdout
+    plain = run("compare", str(path), "--format", "json")
+    assert "slo_attainment" not in plain.stdout  # without --slo, as before

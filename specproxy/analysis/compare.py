@@ -23,6 +23,7 @@ from specproxy.analysis.aggregate import (
     summarize_group,
     values,
 )
+from specproxy.analysis.slo import FigureSpec, Goodput, SloSpec
 from specproxy.core.record import Record
 from specproxy.core.stats import median, percentile
 
@@ -55,6 +56,7 @@ class CompareRow:
     mean_acceptance_length: float | None
     is_baseline: bool
     paired: Paired | None
+    goodput: Goodput | None = None  # with an SLO: attainment, good requests and tokens per second (medians)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +110,12 @@ def paired_speedups(baseline: Iterable[Record], other: Iterable[Record]) -> Pair
     return Paired(len(ratios), median(ratios), percentile(ratios, 10), percentile(ratios, 90))
 
 
-def build_comparison(records: Iterable[Record], baseline: str | None = None, metric: str = "decode") -> Comparison:
+def build_comparison(
+    records: Iterable[Record], baseline: str | None = None, metric: str = "decode", slo: SloSpec | None = None
+) -> Comparison:
     """Rows per workload and label. ``metric``: ``decode`` (median per-request decode tok/s, the published figure) or
-    ``output`` (aggregate output tokens per second of wall time)."""
+    ``output`` (aggregate output tokens per second of wall time). ``slo``: add each row's attainment and goodput."""
+    spec = FigureSpec(slo=slo)
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     # Generation requests only: a proxy also records a client's /v1/models or /health calls, which have no tok/s
@@ -126,7 +131,7 @@ def build_comparison(records: Iterable[Record], baseline: str | None = None, met
             base_fig[workload] = summarize_group((), grp).figure(_FIGURE_OF[metric])
     rows: list[CompareRow] = []
     for (workload, label), grp in groups.items():
-        g = summarize_group((("workload", workload), ("label", label)), grp)
+        g = summarize_group((("workload", workload), ("label", label)), grp, spec)
         fig = g.figures[_FIGURE_OF[metric]]
         if g.repeats > 1:
             kind, lo, hi = "repeats", fig.min, fig.max
@@ -155,6 +160,9 @@ def build_comparison(records: Iterable[Record], baseline: str | None = None, met
                 mean_acceptance_length=g.acceptance.mean_acceptance_length,
                 is_baseline=is_base,
                 paired=paired,
+                goodput=Goodput(g.figure("slo_attainment"), g.figure("goodput_req_s"), g.figure("goodput_tok_s"))
+                if slo is not None
+                else None,
             )
         )
     return Comparison(

@@ -17,8 +17,16 @@ def _paired_text(row: CompareRow) -> str:
     return f"{fmt_x(p.median)} ({fmt(p.p10, 2)}-{fmt(p.p90, 2)}, n={p.pairs})"
 
 
+def _goodput_cells(r: CompareRow) -> tuple[str, ...]:
+    g = r.goodput
+    if g is None:
+        return ("-", "-", "-")
+    return (fmt_pct(g.attainment), fmt(g.requests_per_s, 2), fmt(g.tokens_per_s))
+
+
 def compare_tables(c: Comparison) -> list[Table]:
     name = "tok/s" if c.metric == "decode" else "output tok/s"
+    slo = any(r.goodput is not None for r in c.rows)
     rows = tuple(
         (
             r.workload,
@@ -31,6 +39,7 @@ def compare_tables(c: Comparison) -> list[Table]:
             _paired_text(r),
             str(r.requests),
             str(r.errors),
+            *(_goodput_cells(r) if slo else ()),
         )
         for r in c.rows
     )
@@ -55,9 +64,10 @@ def compare_tables(c: Comparison) -> list[Table]:
                 "paired speedup",
                 "requests",
                 "errors",
+                *(("SLO met", "goodput req/s", "goodput tok/s") if slo else ()),
             ),
             rows,
-            ("l", "l", *"r" * 8),
+            ("l", "l", *"r" * (11 if slo else 8)),
             tuple(notes),
         )
     ]
@@ -84,6 +94,15 @@ def compare_json(c: Comparison, inputs: Sequence[str] = ()) -> dict[str, Any]:
                 "speedup": r.speedup,
                 "acceptance_rate": r.acceptance_rate,
                 "mean_acceptance_length": r.mean_acceptance_length,
+                **(
+                    {
+                        "slo_attainment": r.goodput.attainment,
+                        "goodput_req_s": r.goodput.requests_per_s,
+                        "goodput_tok_s": r.goodput.tokens_per_s,
+                    }
+                    if r.goodput is not None
+                    else {}
+                ),
                 "paired": None
                 if r.paired is None
                 else {
@@ -119,9 +138,13 @@ def compare_csv(c: Comparison) -> tuple[list[str], list[list[Any]]]:
         "requests",
         "errors",
     ]
+    slo = any(r.goodput is not None for r in c.rows)
+    if slo:
+        headers += ["slo_attainment", "goodput_req_s", "goodput_tok_s"]
     rows = []
     for r in c.rows:
         p = r.paired
+        g = r.goodput
         rows.append(
             [
                 r.workload,
@@ -142,6 +165,7 @@ def compare_csv(c: Comparison) -> tuple[list[str], list[list[Any]]]:
                 p.p90 if p else None,
                 r.requests,
                 r.errors,
+                *((g.attainment, g.requests_per_s, g.tokens_per_s) if g else (None, None, None) if slo else ()),
             ]
         )
     return headers, rows

@@ -33,7 +33,7 @@ from specproxy.analysis.compare import METRICS, build_comparison
 from specproxy.analysis.html import render_html
 from specproxy.analysis.inputs import InputError, load_runs
 from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
-from specproxy.analysis.slo import FigureSpec, parse_percentiles, parse_slo
+from specproxy.analysis.slo import FigureSpec, SloSpec, parse_percentiles, parse_slo
 from specproxy.analysis.tables import Table, render_csv, render_md, render_text
 from specproxy.commands.common import command, fail
 from specproxy.core.record import Record
@@ -153,12 +153,13 @@ class CompareConfig:
     metric: str
     format: str
     output: Path | None
+    slo: SloSpec | None = None
 
 
 def run_compare(cfg: CompareConfig) -> None:
     records = _runs(cfg.runs)
     try:
-        c = build_comparison(records, cfg.baseline, cfg.metric)
+        c = build_comparison(records, cfg.baseline, cfg.metric, cfg.slo)
     except ValueError as e:
         fail(str(e))
     text = _tabular(
@@ -282,6 +283,7 @@ def register(app: typer.Typer) -> None:
         ] = "decode",
         format: Annotated[str, typer.Option("--format", "-f", help="table, md, csv or json.")] = "table",
         output: OutputOpt = None,
+        slo: SloOpt = None,
     ) -> None:
         """Configuration | tok/s | speedup vs baseline | acceptance, per workload; medians over repeats."""
         cfg = CompareConfig(
@@ -290,6 +292,7 @@ def register(app: typer.Typer) -> None:
             _choice(metric, METRICS, "--metric"),
             _choice(format, TABLE_FORMATS, "--format"),
             output,
+            figure_spec(None, slo).slo,
         )
         run_compare(cfg)
 
