@@ -10,7 +10,7 @@ replay lines up with the request it re-sent and with other replays of it. Pure: 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from specproxy.analysis.acceptance import pool_acceptance
@@ -23,6 +23,7 @@ from specproxy.analysis.aggregate import (
     summarize_group,
     values,
 )
+from specproxy.analysis.confidence import Interval, median_of_ratios, pooled_ratio, ratio_of_medians, speedup_verdict
 from specproxy.analysis.slo import FigureSpec, Goodput, SloSpec
 from specproxy.core.record import Record
 from specproxy.core.stats import median, percentile
@@ -57,6 +58,12 @@ class CompareRow:
     is_baseline: bool
     paired: Paired | None
     goodput: Goodput | None = None  # with an SLO: attainment, good requests and tokens per second (medians)
+    speedup_ci: Interval | None = None  # 95% bootstrap interval (decode metric; paired when requests pair up)
+    acceptance_ci: Interval | None = None
+
+    @property
+    def verdict(self) -> str:
+        return "baseline" if self.is_baseline else speedup_verdict(self.speedup, self.speedup_ci)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +108,35 @@ def _rates_by_request(records: Iterable[Record]) -> dict[str, float]:
     return {k: m for k, vs in per.items() if (m := median(vs)) is not None}
 
 
-def paired_speedups(baseline: Iterable[Record], other: Iterable[Record]) -> Paired | None:
+def _ratios(baseline: Iterable[Record], other: Iterable[Record]) -> list[float]:
     base = _rates_by_request(baseline)
     mine = _rates_by_request(other)
-    ratios = [mine[k] / base[k] for k in mine.keys() & base.keys()]
+    return [mine[k] / base[k] for k in mine.keys() & base.keys()]
+
+
+def paired_speedups(baseline: Iterable[Record], other: Iterable[Record]) -> Paired | None:
+    ratios = _ratios(baseline, other)
     if not ratios:
         return None
     return Paired(len(ratios), median(ratios), percentile(ratios, 10), percentile(ratios, 90))
+
+
+def _speedup_ci(metric: str, base: Sequence[Record], mine: Sequence[Record], paired: Paired | None) -> Interval | None:
+    if metric != "decode":
+        return None  # aggregate output tok/s is one number per run: no requests to resample
+    if paired is not None and paired.pairs >= 2:
+        return median_of_ratios(_ratios(base, mine))
+    rates = [values([r for r in grp if is_ok(r)], request_tok_s) for grp in (base, mine)]
+    return ratio_of_medians(rates[0], rates[1])
+
+
+def _acceptance_ci(grp: Sequence[Record]) -> Interval | None:
+    pairs = [
+        (spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0)
+        for r in grp
+        if (spec := r["spec"]) is not None and spec["source"] is not None
+    ]
+    return pooled_ratio(pairs) if any(d for _, d in pairs) else None
 
 
 def build_comparison(
@@ -143,8 +172,10 @@ def build_comparison(
         base = base_fig.get(workload)
         is_base = label == base_label
         paired = None
+        speedup_ci = None
         if not is_base and (workload, base_label) in groups:
             paired = paired_speedups(groups[(workload, base_label)], grp)
+            speedup_ci = _speedup_ci(metric, groups[(workload, base_label)], grp, paired)
         rows.append(
             CompareRow(
                 workload=workload,
@@ -163,6 +194,8 @@ def build_comparison(
                 goodput=Goodput(g.figure("slo_attainment"), g.figure("goodput_req_s"), g.figure("goodput_tok_s"))
                 if slo is not None
                 else None,
+                speedup_ci=speedup_ci,
+                acceptance_ci=_acceptance_ci(grp),
             )
         )
     return Comparison(

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specproxy.analysis.compare import CompareRow, Comparison
+from specproxy.analysis.confidence import LEVEL, Interval
 from specproxy.analysis.render import JSON_VERSION
 from specproxy.analysis.tables import Table, fmt, fmt_pct, fmt_spread, fmt_x
 
@@ -15,6 +16,14 @@ def _paired_text(row: CompareRow) -> str:
     if p is None:
         return "-"
     return f"{fmt_x(p.median)} ({fmt(p.p10, 2)}-{fmt(p.p90, 2)}, n={p.pairs})"
+
+
+def _ci_x(ci: Interval | None) -> str:
+    return "-" if ci is None else f"{ci.lo:.2f}-{ci.hi:.2f}x"
+
+
+def _ci_json(ci: Interval | None) -> dict[str, float] | None:
+    return None if ci is None else {"lo": ci.lo, "hi": ci.hi, "level": LEVEL}
 
 
 def _goodput_cells(r: CompareRow) -> tuple[str, ...]:
@@ -39,6 +48,8 @@ def compare_tables(c: Comparison) -> list[Table]:
             _paired_text(r),
             str(r.requests),
             str(r.errors),
+            _ci_x(r.speedup_ci),
+            r.verdict,
             *(_goodput_cells(r) if slo else ()),
         )
         for r in c.rows
@@ -48,6 +59,11 @@ def compare_tables(c: Comparison) -> list[Table]:
     notes = [f"baseline: {c.baseline} ({c.baseline_reason})"]
     if kinds:
         notes.append("spread: " + "; ".join(kinds))
+    if any(r.speedup_ci for r in c.rows):
+        notes.append(
+            "95% CI: bootstrap over requests (paired by request where runs replayed the same ones); a speedup whose "
+            "interval holds 1.00x is not distinguishable from no change"
+        )
     if any(r.paired for r in c.rows):
         notes.append("paired: per-request speedup over the baseline's replay of the same request, median (p10-p90)")
     return [
@@ -64,10 +80,12 @@ def compare_tables(c: Comparison) -> list[Table]:
                 "paired speedup",
                 "requests",
                 "errors",
+                "speedup 95% CI",
+                "verdict",
                 *(("SLO met", "goodput req/s", "goodput tok/s") if slo else ()),
             ),
             rows,
-            ("l", "l", *"r" * (11 if slo else 8)),
+            ("l", "l", *"r" * 9, "l", *"r" * (3 if slo else 0)),
             tuple(notes),
         )
     ]
@@ -92,7 +110,10 @@ def compare_json(c: Comparison, inputs: Sequence[str] = ()) -> dict[str, Any]:
                 "tok_s": r.tok_s.as_dict(),
                 "spread": {"kind": r.spread_kind, "lo": r.spread_lo, "hi": r.spread_hi},
                 "speedup": r.speedup,
+                "speedup_ci": _ci_json(r.speedup_ci),
+                "verdict": r.verdict,
                 "acceptance_rate": r.acceptance_rate,
+                "acceptance_rate_ci": _ci_json(r.acceptance_ci),
                 "mean_acceptance_length": r.mean_acceptance_length,
                 **(
                     {
@@ -137,6 +158,11 @@ def compare_csv(c: Comparison) -> tuple[list[str], list[list[Any]]]:
         "paired_p90",
         "requests",
         "errors",
+        "speedup_ci_lo",
+        "speedup_ci_hi",
+        "verdict",
+        "acceptance_rate_ci_lo",
+        "acceptance_rate_ci_hi",
     ]
     slo = any(r.goodput is not None for r in c.rows)
     if slo:
@@ -165,6 +191,11 @@ def compare_csv(c: Comparison) -> tuple[list[str], list[list[Any]]]:
                 p.p90 if p else None,
                 r.requests,
                 r.errors,
+                r.speedup_ci.lo if r.speedup_ci else None,
+                r.speedup_ci.hi if r.speedup_ci else None,
+                r.verdict,
+                r.acceptance_ci.lo if r.acceptance_ci else None,
+                r.acceptance_ci.hi if r.acceptance_ci else None,
                 *((g.attainment, g.requests_per_s, g.tokens_per_s) if g else (None, None, None) if slo else ()),
             ]
         )

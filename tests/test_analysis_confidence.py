@@ -1,0 +1,65 @@
+"""Bootstrap intervals: identical configurations are not distinguishable, a real difference is; pairing narrows."""
+
+from __future__ import annotations
+
+import random
+
+from specproxy.analysis.compare import build_comparison
+from specproxy.analysis.confidence import Interval, median_of_ratios, pooled_ratio, ratio_of_medians, speedup_verdict
+from specproxy.core.record import Record
+from tests.analysisutil import T0, make_record
+
+
+def _noisy(label: str, n: int, step_s: float, seed: int) -> list[Record]:
+    rng = random.Random(seed)
+    return [
+        make_record(
+            f"{label}-{i}",
+            plain_steps=40,
+            step_s=step_s * rng.uniform(0.8, 1.25),  # request-to-request spread
+            label=label,
+            started_at=T0 + i,
+        )
+        for i in range(n)
+    ]
+
+
+def test_identical_configurations_are_not_distinguishable_from_one() -> None:
+    c = build_comparison([*_noisy("Base", 30, 0.01, 1), *_noisy("Same", 30, 0.01, 2)], baseline="Base")
+    (row,) = [r for r in c.rows if r.label == "Same"]
+    assert row.speedup_ci is not None and row.speedup_ci.contains(1.0)
+    assert row.verdict == "not distinguishable from 1.00x"
+
+
+def test_a_real_speedup_is_distinguishable() -> None:
+    c = build_comparison([*_noisy("Base", 30, 0.01, 1), *_noisy("Fast", 30, 0.007, 2)], baseline="Base")
+    (row,) = [r for r in c.rows if r.label == "Fast"]
+    assert row.speedup is not None and row.speedup_ci is not None
+    assert 1.0 < row.speedup_ci.lo <= row.speedup <= row.speedup_ci.hi
+    assert row.verdict == "faster"
+
+
+def test_pairing_by_request_removes_the_prompt_spread() -> None:
+    rng = random.Random(3)
+    base, other = [], []
+    for i in range(30):  # each request has its own speed; the candidate is 3 % faster on every one of them
+        step = 0.01 * rng.uniform(0.5, 2.0)
+        base.append(make_record(f"b{i}", plain_steps=40, step_s=step, label="Base", replay_of=f"o{i}"))
+        other.append(make_record(f"c{i}", plain_steps=40, step_s=step / 1.03, label="New", replay_of=f"o{i}"))
+    c = build_comparison([*base, *other], baseline="Base")
+    (row,) = [r for r in c.rows if r.label == "New"]
+    assert row.paired is not None and row.paired.pairs == 30
+    assert row.speedup_ci is not None and row.speedup_ci.lo > 1.0  # paired: 3 % shows
+    unpaired = ratio_of_medians(
+        [1 / r["tpot_s"] for r in base if r["tpot_s"]], [1 / r["tpot_s"] for r in other if r["tpot_s"]]
+    )
+    assert unpaired is not None and unpaired.contains(1.0)  # unpaired, the spread hides it
+
+
+def test_intervals_are_deterministic_and_need_data() -> None:
+    xs = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert ratio_of_medians(xs, xs) == ratio_of_medians(xs, xs)
+    assert ratio_of_medians([1.0], xs) is None and median_of_ratios([1.1]) is None and pooled_ratio([(1, 2)]) is None
+    ci = pooled_ratio([(1.0, 3.0)] * 20 + [(2.0, 3.0)] * 20)
+    assert ci is not None and ci.lo <= 0.5 <= ci.hi
+    assert speedup_verdict(0.8, Interval(0.7, 0.9)) == "slower" and speedup_verdict(None, None) == "-"
