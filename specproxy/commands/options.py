@@ -1,8 +1,8 @@
 """Options that several commands declare alike, each declared once as an ``Annotated`` alias.
 
 ``run`` and ``replay`` both drive a target and record what they send, so they take the same recorder, connection and
-display options; the proxy shares ``--k``. Typer wants an option's default at the parameter, not in the alias: each
-use gives it (the CLI tests check that the commands agree).
+display options; the proxy shares ``--k`` and ``--tokenizer``. Typer wants an option's default at the parameter, not
+in the alias: each use gives it (the CLI tests check that the commands agree).
 """
 
 from __future__ import annotations
@@ -21,3 +21,12 @@ ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="SPECPROXY_AP
 ConnectTimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="Seconds to connect.")]
 IdleTimeoutOpt = Annotated[float, typer.Option("--idle-timeout", help="Seconds without a byte from the server.")]
 ProgressOpt = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress line (default: TTY).")]
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer",
+        help="Count text the server sends without usage with the model's tokenizer.json (a file, a folder holding "
+        "one, or ORG/NAME already in the local Hugging Face cache; needs specproxy[tokenizer]), or 'server' for "
+        "the engine's own POST /tokenize, once per response. Nothing is downloaded.",
+    ),
+]

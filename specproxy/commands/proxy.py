@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 import typer
 
 from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
-from specproxy.commands.options import KOpt
+from specproxy.commands.options import KOpt, TokenizerOpt
+from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_tokenizer
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.proxy.config import ProxyConfig
@@ -30,6 +31,24 @@ def check_url(value: str, what: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise typer.BadParameter(f"{what} must be an http:// or https:// URL, got {value!r}")
     return value.rstrip("/")
+
+
+def check_tokenizer(value: str | None) -> str | None:
+    """``--tokenizer``: 'server', or a tokenizer that loads now (so a bad one is one line before anything starts)."""
+    if value is None or value == SERVER_TOKENIZER:
+        return value
+    if not value.strip():
+        raise typer.BadParameter("--tokenizer needs a tokenizer.json path, a folder, a cached model name or 'server'")
+    try:
+        load_model_tokenizer(value)
+    except TokenizerError as e:
+        fail(f"--tokenizer: {e}")
+    return value
+
+
+def tokenize_url(tokenizer: str | None, base: str) -> str | None:
+    """Where --tokenizer server counts: the engine's own /tokenize (vLLM serves it at the root, not under /v1)."""
+    return base + "/tokenize" if tokenizer == SERVER_TOKENIZER else None
 
 
 def parse_size(value: str) -> int:
@@ -66,6 +85,7 @@ def register(app: typer.Typer) -> None:
             "1MB", "--capture-max-bytes", help="Larger request bodies are relayed but not parsed or captured."
         ),
         k: KOpt = None,
+        tokenizer: TokenizerOpt = None,
         scrape_interval: float = typer.Option(0.25, "--scrape-interval", help="Seconds between scrapes in flight."),
         scrape_min_gap: float = typer.Option(
             0.1, "--scrape-min-gap", help="Floor between two scrapes, however many requests end (seconds)."
@@ -141,6 +161,7 @@ def register(app: typer.Typer) -> None:
         max_body_bytes = parse_size(max_body)  # every option is checked before anything touches the disk
         record_buffer_bytes = parse_size(record_buffer)
         capture_max_bytes = parse_size(capture_max)
+        tokenizer = check_tokenizer(tokenizer)
         record_path = None if record == "-" else record
         if record_path is not None:
             try:
@@ -165,6 +186,8 @@ def register(app: typer.Typer) -> None:
                 rotate_bytes=rotate_mb * 1024 * 1024,
                 rotate_keep=rotate_keep,
                 max_pending_bytes=record_buffer_bytes,
+                tokenizer=tokenizer,
+                tokenize_url=tokenize_url(tokenizer, up),
             ),
             rules=parsed_rules,
             connect_timeout_s=connect_timeout,

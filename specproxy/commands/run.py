@@ -19,9 +19,10 @@ from specproxy.commands.options import (
     KOpt,
     MetricsUrlOpt,
     ProgressOpt,
+    TokenizerOpt,
     WaitReadyOpt,
 )
-from specproxy.commands.proxy import CAPTURES, check_url
+from specproxy.commands.proxy import CAPTURES, check_tokenizer, check_url, tokenize_url
 from specproxy.core.record import RecordError, read_records
 from specproxy.core.schedule import ARRIVALS, check_schedule
 from specproxy.exitcodes import EXIT_FAILURE
@@ -132,6 +133,7 @@ def register(app: typer.Typer) -> None:
         capture: CaptureOpt = "request",
         metrics_url: MetricsUrlOpt = "",
         k: KOpt = None,
+        tokenizer: TokenizerOpt = None,
         run_id: str | None = typer.Option(None, "--run-id", help="Run id in every record (shards share one)."),
         api_key: ApiKeyOpt = None,
         connect_timeout: ConnectTimeoutOpt = 10.0,
@@ -184,6 +186,7 @@ def register(app: typer.Typer) -> None:
                 f"--concurrency {conc} is less than the {processes} processes sharing the plan (shards x workers)"
             )
         n_requests = requests if requests is not None or duration is not None else DEFAULT_REQUESTS
+        tokenizer = check_tokenizer(tokenizer)
         loaded = _load_workloads(workload)
         notes: tuple[str, ...] = ()
         murl = _metrics(metrics_url, tgt)
@@ -215,6 +218,8 @@ def register(app: typer.Typer) -> None:
                 capture=capture,
                 k=k,
                 run_id=rid or _new_id(),
+                tokenizer=tokenizer,
+                tokenize_url=tokenize_url(tokenizer, tgt),
             ),
             seed=seed,
             requests=n_requests,
@@ -265,6 +270,7 @@ def register(app: typer.Typer) -> None:
         capture: CaptureOpt = "request",
         metrics_url: MetricsUrlOpt = "",
         k: KOpt = None,
+        tokenizer: TokenizerOpt = None,
         wait_ready: WaitReadyOpt = None,
         api_key: ApiKeyOpt = None,
         connect_timeout: ConnectTimeoutOpt = 10.0,
@@ -286,6 +292,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--max-speed needs --concurrency-cap N (else every request goes at once)")
         if capture not in CAPTURES:
             raise typer.BadParameter(f"--capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
+        tokenizer = check_tokenizer(tokenizer)
         try:
             records = list(read_records(recording))
         except RecordError as e:
@@ -306,6 +313,8 @@ def register(app: typer.Typer) -> None:
             capture=capture,
             k=k,
             run_id=_new_id(),
+            tokenizer=tokenizer,
+            tokenize_url=tokenize_url(tokenizer, tgt),
         )
         pace = "max speed" if max_speed else f"speed x{speed:g}"
         typer.echo(f"specproxy replay: {len(plan.timed)} requests from {recording} -> {tgt}, {pace}", err=True)

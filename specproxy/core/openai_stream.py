@@ -2,7 +2,8 @@
 
 One :func:`interpret` call per SSE event: one small JSON parse, nothing rebuilt. The result says what the event is
 (data chunk, ``[DONE]``, an in-stream error, or data that is not JSON: kept and flagged, never a crash) and pulls out
-what a recorder needs: text deltas, finish reason, usage, token ids and vLLM's ``metrics.speculative_decoding``.
+what a recorder needs: text deltas, finish reason, usage (with ``prompt_tokens_details.cached_tokens``, the prompt
+tokens served from the engine's prefix cache), token ids and vLLM's ``metrics.speculative_decoding``.
 A negative usage count is read as missing and marked (``bad_usage``).
 """
 
@@ -27,6 +28,7 @@ class StreamChunk:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # cumulative, as the server reports it
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (vLLM: --enable-prompt-tokens-details)
     bad_usage: bool = False  # the usage block held a negative count: read as missing
     n_token_ids: int | None = None  # ``token_ids`` lengths summed over choices, when the server sent them
     max_index: int = 0  # the highest choice index: above 0 means n > 1, several sequences per request
@@ -116,10 +118,14 @@ def interpret_json(obj: Any) -> StreamChunk:
                 n_ids = (n_ids or 0) + len(ids)
     usage = obj.get("usage")
     prompt_tokens = completion_tokens = None
-    bad_prompt = bad_completion = False
+    cached_tokens = None
+    bad_prompt = bad_completion = bad_cached = False
     if isinstance(usage, dict):
         prompt_tokens, bad_prompt = _usage_count(usage.get("prompt_tokens"))
         completion_tokens, bad_completion = _usage_count(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")  # null unless the engine reports prefix-cache hits
+        if isinstance(details, dict):
+            cached_tokens, bad_cached = _usage_count(details.get("cached_tokens"))
     spec = None
     metrics = obj.get("metrics")
     if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
@@ -137,7 +143,8 @@ def interpret_json(obj: Any) -> StreamChunk:
         finish_reason=finish,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        bad_usage=bad_prompt or bad_completion,
+        cached_tokens=cached_tokens,
+        bad_usage=bad_prompt or bad_completion or bad_cached,
         n_token_ids=n_ids,
         max_index=max_index,
         spec=spec,

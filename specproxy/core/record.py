@@ -18,7 +18,7 @@ from typing import Any, NotRequired, TypedDict
 
 import orjson
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -82,6 +82,7 @@ class Record(TypedDict):
     truncated: bool
     prompt_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache
     token_source: str
     ttft_s: float | None
     e2e_s: float | None
@@ -118,7 +119,15 @@ def _upgrade_0_to_1(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _upgrade_0_to_1}
+def _upgrade_1_to_2(rec: dict[str, Any]) -> dict[str, Any]:
+    # Version 2 records the prompt tokens the engine served from its prefix cache; version 1 never read them.
+    rec = dict(rec)
+    rec["cached_tokens"] = None
+    rec["schema_version"] = 2
+    return rec
+
+
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _upgrade_0_to_1, 1: _upgrade_1_to_2}
 
 
 def upgrade(rec: dict[str, Any]) -> dict[str, Any]:
@@ -331,6 +340,7 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         truncated=obj.get("truncated") is True,
         prompt_tokens=_int(obj.get("prompt_tokens")),
         completion_tokens=_int(obj.get("completion_tokens")),
+        cached_tokens=_int(obj.get("cached_tokens")),
         token_source=_str(obj.get("token_source")) or "none",
         ttft_s=number(obj.get("ttft_s")),
         e2e_s=number(obj.get("e2e_s")),

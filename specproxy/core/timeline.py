@@ -7,6 +7,7 @@ re-serialised. :meth:`ResponseTimeline.result` turns it into the figures a recor
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,7 +36,9 @@ class TimelineResult:
     tpot_s: float | None
     last_token_s: float | None
     completion_tokens: int | None
+    completion_from_usage: bool  # completion_tokens is the server's usage figure, not a sum of chunk counts
     prompt_tokens: int | None
+    cached_tokens: int | None  # prompt tokens the engine served from its prefix cache, when it said
     finish_reason: str | None
     upstream_id: str | None
     server_spec: dict[str, Any] | None
@@ -48,6 +51,7 @@ class TimelineResult:
     keepalives: int
     non_json_events: int
     response_text: str | None
+    text_complete: bool  # response_text holds every character of the response (not cut at TEXT_CAPTURE_LIMIT)
     flags: list[str] = field(default_factory=list)
 
 
@@ -81,6 +85,7 @@ class ResponseTimeline:
         self._keep_text = keep_text
         self._text: list[str] = []
         self._text_len = 0
+        self._text_cut = False
         self._body = bytearray()
         self._body_over = False
         self.chunks: list[tuple[float, int]] = []
@@ -94,6 +99,7 @@ class ResponseTimeline:
         self.first_token_ns: int | None = None
         self.last_token_ns: int | None = None
         self._final_usage: tuple[int | None, int | None] = (None, None)
+        self._cached: int | None = None
         self._bad_usage = False
         self._finish: str | None = None
         self._id: str | None = None
@@ -174,6 +180,8 @@ class ResponseTimeline:
         self._bad_usage = self._bad_usage or c.bad_usage
         if c.prompt_tokens is not None or c.completion_tokens is not None:
             self._final_usage = (c.prompt_tokens, c.completion_tokens)
+        if c.cached_tokens is not None:
+            self._cached = c.cached_tokens
         n, source = self._tokens.count(
             has_choices=c.has_choices,
             completion_tokens=c.completion_tokens,
@@ -181,9 +189,12 @@ class ResponseTimeline:
             text=c.text,
             finish_reason=c.finish_reason,
         )
-        if self._keep_text and c.text and self._text_len < TEXT_CAPTURE_LIMIT:
-            self._text.append(c.text)
-            self._text_len += len(c.text)
+        if self._keep_text and c.text:
+            if self._text_len < TEXT_CAPTURE_LIMIT:
+                self._text.append(c.text)
+                self._text_len += len(c.text)
+            else:
+                self._text_cut = True
         if n <= 0 and not c.text:
             return False
         if n > 0:
@@ -239,7 +250,9 @@ class ResponseTimeline:
             tpot_s=tpot,
             last_token_s=(self.last_token_ns - self.start_ns) / 1e9 if self.last_token_ns is not None else None,
             completion_tokens=completion,
+            completion_from_usage=usage_completion is not None,
             prompt_tokens=prompt_tokens,
+            cached_tokens=self._cached,
             finish_reason=self._finish,
             upstream_id=self._id,
             server_spec=self._spec,
@@ -252,6 +265,7 @@ class ResponseTimeline:
             keepalives=self._sse.comments,
             non_json_events=self.non_json,
             response_text="".join(self._text) if self._keep_text else None,
+            text_complete=self._keep_text and not self._text_cut,
             flags=flags,
         )
 
@@ -274,7 +288,39 @@ class ResponseTimeline:
         self._timings = c.llama_timings
         self._bad_usage = c.bad_usage
         self._final_usage = (c.prompt_tokens, c.completion_tokens)
+        self._cached = c.cached_tokens
         if self._keep_text:
             self._text.append(c.text[:TEXT_CAPTURE_LIMIT])
+            self._text_cut = len(c.text) > TEXT_CAPTURE_LIMIT
         if c.completion_tokens:
             self.first_token_ns = self.last_token_ns = end_ns
+
+
+def with_counted_total(tl: TimelineResult, total: int, source: TokenSource) -> TimelineResult:
+    """The timeline with its completion counted again as a whole (the engine's ``/tokenize`` over the response text):
+    ``completion_tokens`` becomes ``total``, and the chunk counts, which a per-chunk tokenizer gave on the relay path,
+    are scaled to add up to it. Each token-bearing chunk keeps at least one token (it was an engine step), and the
+    rest is shared in proportion to the tokens each had beyond that one, largest remainders first. A total below the
+    number of token-bearing chunks contradicts the chunks: then only ``completion_tokens`` changes."""
+    bearing = [i for i, (_, n) in enumerate(tl.chunks) if n > 0]
+    chunks = list(tl.chunks)
+    if bearing and total >= len(bearing):
+        extra = [tl.chunks[i][1] - 1 for i in bearing]
+        weights = extra if sum(extra) > 0 else [1] * len(bearing)
+        spare = total - len(bearing)
+        wsum = sum(weights)
+        shares = [spare * w / wsum for w in weights]
+        counts = [1 + int(s) for s in shares]
+        left = total - sum(counts)
+        for j in sorted(range(len(bearing)), key=lambda j: shares[j] - int(shares[j]), reverse=True)[:left]:
+            counts[j] += 1
+        for i, n in zip(bearing, counts, strict=True):
+            chunks[i] = (chunks[i][0], n)
+    rate = decode_tok_s(chunks) if tl.stream else None
+    tpot = None
+    if tl.stream and total > 1 and tl.ttft_s is not None and tl.last_token_s is not None:
+        span = tl.last_token_s - tl.ttft_s
+        tpot = span / (total - 1) if span > 0 else None
+    return dataclasses.replace(
+        tl, chunks=chunks, completion_tokens=total, token_source=source, decode_tok_s=rate, tpot_s=tpot
+    )

