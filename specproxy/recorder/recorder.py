@@ -26,11 +26,12 @@ from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
 from specproxy.core.stats import step_and_token_gaps
-from specproxy.core.timeline import TimelineResult, with_counted_total
+from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, SERVER_TOKENIZER, Tokenizer, load_model_tokenizer
 from specproxy.recorder.metrics import OwnMetrics
 from specproxy.recorder.scraper import Scraper
 from specproxy.recorder.sink import DEFAULT_MAX_PENDING_BYTES, RecordSink
+from specproxy.recorder.tokenize import ServerTokenizer
 from specproxy.recorder.trace import RequestMeta, Trace
 
 log = logging.getLogger("specproxy.recorder")
@@ -60,15 +61,8 @@ class RecorderConfig:
     rotate_keep: int = 0
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES  # records waiting for the disk; past it they are lost
     run_id: str | None = None
-    # --tokenizer: a tokenizer.json (or a folder or cached model name) to count text with, or "server" for the
-    # engine's own POST /tokenize at tokenize_url, called once per response when it ends (never on the relay path)
-    tokenizer: str | None = None
+    tokenizer: str | None = None  # --tokenizer: a tokenizer.json to count text with, or "server" (tokenize_url)
     tokenize_url: str | None = None
-    tokenize_timeout_s: float = 5.0
-
-
-# /tokenize calls in flight at once: records wait for their count, the engine's API server is not flooded
-SERVER_TOKENIZE_CONCURRENCY = 4
 
 
 class Recorder:
@@ -76,13 +70,14 @@ class Recorder:
         self, config: RecorderConfig, session: aiohttp.ClientSession, *, tokenizer: Tokenizer | None = None
     ) -> None:
         self.config = config
-        self.server_tokenize = config.tokenizer == SERVER_TOKENIZER and config.tokenize_url is not None
+        self.server_tokenizer = (
+            ServerTokenizer(session, config.tokenize_url)
+            if config.tokenizer == SERVER_TOKENIZER and config.tokenize_url is not None
+            else None
+        )
         if tokenizer is None and config.tokenizer and config.tokenizer != SERVER_TOKENIZER:
             tokenizer = load_model_tokenizer(config.tokenizer)  # the command checked it: a cached load
         self.tokenizer = tokenizer
-        self._session = session
-        self._tokenize_slots = asyncio.Semaphore(SERVER_TOKENIZE_CONCURRENCY)
-        self._tokenize_warned = False
         self.metrics = OwnMetrics()
         self.ledger = CounterLedger()
         self.run_id = config.run_id or uuid.uuid4().hex[:12]
@@ -126,7 +121,7 @@ class Recorder:
         return Trace(
             meta,
             tokenizer=self.tokenizer,
-            keep_text=self.config.capture == "full" or self.server_tokenize,
+            keep_text=self.config.capture == "full" or self.server_tokenizer is not None,
             ledger=self.ledger if self.scraper.enabled else None,
         )
 
@@ -170,8 +165,8 @@ class Recorder:
             counters = self.ledger.pop(rid)
             tl = trace.timeline.result(end_ns) if trace.timeline is not None else None
             tokenize_failed = False
-            if tl is not None and self.server_tokenize and not tl.completion_from_usage:
-                tl, tokenize_failed = await self._count_on_server(tl, trace.meta.model)
+            if tl is not None and self.server_tokenizer is not None and not tl.completion_from_usage:
+                tl, tokenize_failed = await self.server_tokenizer.recount(tl, trace.meta.model)
             rec = self.build_record(trace, outcome, error, end_ns, counters, tl)
             if tokenize_failed:
                 rec["flags"].append("server_tokenize_failed")
@@ -184,44 +179,6 @@ class Recorder:
             self._observe(rec)
         except Exception:
             log.exception("updating metrics for %s failed", rid)
-
-    async def _count_on_server(self, tl: TimelineResult, model: str | None) -> tuple[TimelineResult, bool]:
-        """The response text counted once by the engine's ``POST /tokenize`` (vLLM: ``{"model", "prompt"}`` ->
-        ``{"count", "tokens"}``), for a response whose server sent no usage. Runs in the finalisation task: the relay
-        never waits for it. Returns the timeline (recounted, or as it was) and whether the count failed."""
-        if tl.token_source in ("usage", "token_ids", "none") or not tl.response_text:
-            return tl, False  # exact already, or nothing was said
-        if not tl.text_complete or self.config.tokenize_url is None:
-            return tl, True
-        body: dict[str, Any] = {"prompt": tl.response_text, "add_special_tokens": False}
-        if model is not None:
-            body["model"] = model
-        try:
-            async with (
-                self._tokenize_slots,
-                self._session.post(
-                    self.config.tokenize_url,
-                    json=body,
-                    headers={"Accept-Encoding": "identity"},  # the proxy's session does not inflate
-                    timeout=aiohttp.ClientTimeout(total=self.config.tokenize_timeout_s),
-                ) as resp,
-            ):
-                answer = await resp.json(content_type=None) if resp.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            self._tokenize_error(f"{type(e).__name__}: {e}")
-            return tl, True
-        count = answer.get("count") if isinstance(answer, dict) else None
-        if count is None and isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
-            count = len(answer["tokens"])
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            self._tokenize_error(f"HTTP {resp.status}, no count in the answer")
-            return tl, True
-        return with_counted_total(tl, count, "server_tokenize"), False
-
-    def _tokenize_error(self, reason: str) -> None:
-        if not self._tokenize_warned:  # once: the same cause fails every request
-            self._tokenize_warned = True
-            log.warning("the engine's /tokenize failed (%s): counts stay the local tokenizer's", reason)
 
     def build_record(
         self,
