@@ -13,7 +13,7 @@ import pytest
 
 from specproxy.sim.config import DEFAULT_PROFILES, Profile, SimConfig, load_profiles
 from specproxy.sim.corpus import CODE_LINES, EN_SENTENCES, EOS_TOKEN_ID, TokenStream, classify
-from specproxy.sim.engine import EngineCore, SimRequest, new_request
+from specproxy.sim.engine import EngineCore, SimRequest, new_request, step_time_s
 from specproxy.sim.faults import parse_faults
 from specproxy.sim.records import StepReport
 
@@ -334,3 +334,48 @@ def test_seeded_run_is_pinned(
     truths, digest = _pinned_run(cfg)
     assert truths == expected_truths
     assert digest == expected_digest
+
+
+def test_step_time_is_memory_bound_small_and_compute_bound_large() -> None:
+    cfg = SimConfig(compute_s_per_token=0.0002)
+    base = SimConfig()
+    # batch 1, k = 3: 4 positions verified, far under the weights' time: as without a compute roof
+    assert step_time_s(cfg, 1, 3, 0, 4) == step_time_s(base, 1, 3, 0, 4)
+    # batch 32: 32 positions without drafts are still memory-bound, 128 with k = 3 are not
+    assert step_time_s(cfg, 32, 0, 0, 32) == step_time_s(base, 32, 0, 0, 32)
+    assert step_time_s(cfg, 32, 3, 0, 128) > step_time_s(base, 32, 3, 0, 128) + 0.01
+
+    # the knee comes at a smaller batch the more positions each step verifies
+    def knee(k: int) -> int:
+        return next(
+            b for b in range(1, 500) if step_time_s(cfg, b, k, 0, b * (1 + k)) > step_time_s(base, b, k, 0, b * (1 + k))
+        )
+
+    assert knee(0) > knee(1) > knee(3)
+
+
+def _tokens_per_model_s(cfg: SimConfig, streams: int, profile: str) -> float:
+    core = EngineCore(cfg)
+    for i in range(streams):
+        r = make(cfg, i, profile, max_tokens=120)
+        core.register(r)
+        core.submit(r, 0.0)
+    now_s, tokens = 0.0, 0
+    while core.has_work:
+        now_s += core.begin_step(now_s)
+        tokens += sum(len(o.token_ids) for o in core.finish_step(now_s).outputs)
+    return tokens / now_s
+
+
+def test_speculation_pays_at_low_load_and_loses_past_the_knee() -> None:
+    """The crossover under load, with a known truth: MTP k = 3 on code beats no speculation at one stream and loses
+    at 128 once verification is compute-bound; without a compute roof it never loses."""
+    roof = {"compute_s_per_token": 0.0002, "max_num_seqs": 256}
+    spec = SimConfig(spec_method="mtp", num_speculative_tokens=3, **roof)  # type: ignore[arg-type]
+    plain = SimConfig(spec_method="none", **roof)  # type: ignore[arg-type]
+    assert _tokens_per_model_s(spec, 1, "code") > 1.3 * _tokens_per_model_s(plain, 1, "code")
+    assert _tokens_per_model_s(spec, 128, "code") < _tokens_per_model_s(plain, 128, "code")
+    no_roof = SimConfig(spec_method="mtp", num_speculative_tokens=3, max_num_seqs=256)
+    assert _tokens_per_model_s(no_roof, 128, "code") > _tokens_per_model_s(
+        SimConfig(spec_method="none", max_num_seqs=256), 128, "code"
+    )

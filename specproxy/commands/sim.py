@@ -33,6 +33,12 @@ def register(app: typer.Typer) -> None:
         metrics_fault: str = typer.Option("none", "--metrics-fault", help="/metrics behaviour: none, fail, hang."),
         faults: str = typer.Option("", "--faults", help="Faults for every request, e.g. 'status=503,stall=2'."),
         speed: float = typer.Option(1.0, "--speed", help="Time compression: 10 runs ten times faster."),
+        compute_s_per_token: float = typer.Option(
+            0.0,
+            "--compute-s-per-token",
+            help="Step time per position verified once compute-bound (e.g. 0.0002): speculation then loses at "
+            "high load. 0: no compute roof.",
+        ),
         profiles: Path | None = typer.Option(None, "--profiles", help="JSON file of acceptance profiles."),
         max_tokens: int = typer.Option(256, "--default-max-tokens", help="max_tokens when a request sends none."),
     ) -> None:
@@ -53,6 +59,7 @@ def register(app: typer.Typer) -> None:
             metrics_fault=metrics_fault,
             request_faults=faults,
             speed=speed,
+            compute_s_per_token=compute_s_per_token,
             default_max_tokens=max_tokens,
         )
         if profiles is not None:

@@ -5,11 +5,18 @@ behaviour and output corpus) and the built-in profiles. No IO except `load_profi
 
 Roofline model of one engine step (documented here because the defaults are tuned against it):
 
-    step_s = model_bytes / bandwidth_bytes_s            # weights streamed once per step
+    step_s = max(model_bytes / bandwidth_bytes_s        # weights streamed once per step
+                 + per_seq_s * batch_size,              # KV reads and per-sequence bookkeeping
+                 compute_s_per_token * tokens_verified) # the forward pass over every position verified
            + fixed_overhead_s                           # launch / scheduling / sampling
-           + per_draft_token_s * max_drafted_in_batch   # verifying k extra positions costs extra compute
-           + per_seq_s * batch_size                     # KV reads and per-sequence bookkeeping
+           + per_draft_token_s * max_drafted_in_batch   # proposing k drafts (the drafter's own passes)
            + prefill_s_per_token * prompt_tokens_admitted_this_step
+
+`tokens_verified` is the sum over the batch of 1 + drafts: memory-bound while the weights dominate (small batches),
+compute-bound beyond a knee that comes at a smaller batch the more tokens each step verifies, which is where
+speculation stops paying (it spends compute that is no longer spare). `compute_s_per_token` is 0 by default (no
+compute roof, the published batch-1 shape); `--compute-s-per-token 0.0002` puts the knee near batch 50 without
+speculation and near batch 7 with k = 3.
 
 With the defaults a batch-1 decode step is 8.5 ms (~118 tok/s without speculation, the published Qwen3.5-2B
 shape), and one draft token costs 1.7 ms (20% of a base step). For per-position conditional acceptance
@@ -105,6 +112,7 @@ class SimConfig:
     fixed_overhead_s: per-step time that does not depend on the batch.
     per_draft_token_s: extra step time per draft token of the longest draft in the batch.
     per_seq_s: extra step time per sequence in the batch.
+    compute_s_per_token: step time per position verified (1 + drafts per sequence) when compute-bound; 0: none.
     prefill_s_per_token: extra step time per prompt token of requests admitted in that step.
     profiles: workload name -> Profile. Requests pick one by prompt content or the X-Sim-Profile header.
     default_max_tokens: max_tokens when a request sends none.
@@ -132,6 +140,7 @@ class SimConfig:
     fixed_overhead_s: float = 0.0034
     per_draft_token_s: float = 0.0017
     per_seq_s: float = 0.0001
+    compute_s_per_token: float = 0.0
     prefill_s_per_token: float = 0.00002
     profiles: Mapping[str, Profile] = field(default_factory=lambda: DEFAULT_PROFILES)
     default_max_tokens: int = 256
@@ -183,7 +192,13 @@ class SimConfig:
             )
         if self.model_bytes < 0 or not self.bandwidth_bytes_s > 0:
             raise ValueError("model_bytes must be >= 0 and bandwidth_bytes_s > 0")
-        for name in ("fixed_overhead_s", "per_draft_token_s", "per_seq_s", "prefill_s_per_token"):
+        for name in (
+            "fixed_overhead_s",
+            "per_draft_token_s",
+            "per_seq_s",
+            "compute_s_per_token",
+            "prefill_s_per_token",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if not self.profiles:

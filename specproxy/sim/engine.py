@@ -44,14 +44,20 @@ class SimRequest:
         return self.truth.id
 
 
-def step_time_s(cfg: SimConfig, batch_size: int, max_drafted: int, prefill_tokens: int) -> float:
-    """The roofline step time (before `speed`): see the formula in config.py's module docstring."""
+def step_time_s(
+    cfg: SimConfig, batch_size: int, max_drafted: int, prefill_tokens: int, tokens_verified: int = 0
+) -> float:
+    """The roofline step time (before `speed`): see the formula in config.py's module docstring. The compute roof is
+    added as what it exceeds the memory time by, so that without one the sum is the same, to the bit, as before."""
+    memory = cfg.model_bytes / cfg.bandwidth_bytes_s + cfg.per_seq_s * batch_size
+    over_memory = max(0.0, cfg.compute_s_per_token * tokens_verified - memory)
     return (
         cfg.model_bytes / cfg.bandwidth_bytes_s
         + cfg.fixed_overhead_s
         + cfg.per_draft_token_s * max_drafted
         + cfg.per_seq_s * batch_size
         + cfg.prefill_s_per_token * prefill_tokens
+        + over_memory
     )
 
 
@@ -103,7 +109,6 @@ class EngineCore:
         self._waiting: deque[SimRequest] = deque()
         self._running: dict[str, SimRequest] = {}
         self._stepping: list[SimRequest] = []
-        self._prefill_tokens_now = 0
 
     @property
     def num_running(self) -> int:
@@ -157,13 +162,13 @@ class EngineCore:
             self._running[req.id] = req
             req.truth.admitted_at_s = now_s
             prefill_tokens += req.truth.prompt_tokens
-        max_drafted = 0
+        max_drafted = verified = 0
         for req in self._running.values():
             req.drafted_now = self._draft_count(req) if req.prefilled else 0
             max_drafted = max(max_drafted, req.drafted_now)
+            verified += 1 + req.drafted_now
         self._stepping = list(self._running.values())
-        self._prefill_tokens_now = prefill_tokens
-        return step_time_s(self.cfg, len(self._stepping), max_drafted, prefill_tokens)
+        return step_time_s(self.cfg, len(self._stepping), max_drafted, prefill_tokens, verified)
 
     def _draft_count(self, req: SimRequest) -> int:
         if self.k == 0:
