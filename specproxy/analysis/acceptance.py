@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from specproxy.attribution.counts import SpecCounts
-from specproxy.core.record import Estimate, Record, SpecBlock
+from specproxy.attribution.counts import SpecCounts, counts_of_block
+from specproxy.core.record import Record
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ def pool_acceptance(records: Iterable[Record]) -> Acceptance:
         spec_requests += 1
         source = spec["source"]
         sources[source if source is not None else "none"] += 1
-        counts = counts + _counts(spec)
+        counts = counts + counts_of_block(spec)
         k = spec["k"]
         if k is not None and k > 0:
             ks[int(k)] += 1
@@ -90,8 +90,8 @@ def pool_acceptance(records: Iterable[Record]) -> Acceptance:
         # Only records that had a figure to report: a run without speculation has empty estimates.
         if source is not None and ours is not None and counters is not None:
             rec_n += 1
-            rec_ours = rec_ours + _counts(ours)
-            rec_counters = rec_counters + _counts(counters)
+            rec_ours = rec_ours + counts_of_block(ours)
+            rec_counters = rec_counters + counts_of_block(counters)
     reconciliation = Reconciliation(rec_n, rec_ours, rec_counters) if rec_n else None
     return Acceptance(
         spec_requests=spec_requests,
@@ -103,12 +103,6 @@ def pool_acceptance(records: Iterable[Record]) -> Acceptance:
         tokens_per_step=dict(sorted(hist.items())),
         reconciliation=reconciliation,
         k=ks.most_common(1)[0][0] if ks else None,
-    )
-
-
-def _counts(est: SpecBlock | Estimate) -> SpecCounts:
-    return SpecCounts(
-        est["accepted"] or 0.0, est["drafts"] or 0.0, est["draft_tokens"] or 0.0, tuple(est["per_position"])
     )
 
 

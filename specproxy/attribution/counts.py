@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specproxy.core.record import Estimate, SpecBlock
+
 
 @dataclass(frozen=True, slots=True)
 class SpecCounts:
@@ -44,6 +46,13 @@ class SpecCounts:
         if self.drafts <= 0:
             return ()
         return tuple(a / self.drafts for a in self.per_position)
+
+
+def counts_of_block(block: SpecBlock | Estimate) -> SpecCounts:
+    """The counts a record's ``spec`` block (its chosen figure) or one of its ``estimates`` reports."""
+    return SpecCounts(
+        block["accepted"] or 0.0, block["drafts"] or 0.0, block["draft_tokens"] or 0.0, tuple(block["per_position"])
+    )
 
 
 def add_positions(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from specproxy.attribution.choice import Evidence, decide
-from specproxy.attribution.counts import SpecCounts
+from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
@@ -317,7 +317,7 @@ class Recorder:
             m.overhead.observe(po["mean"])
         spec = rec["spec"]
         if spec is not None and spec["source"]:
-            got = SpecCounts(spec["accepted"] or 0.0, spec["drafts"] or 0.0, spec["draft_tokens"] or 0.0)
+            got = counts_of_block(spec)
             for v, counter in (
                 (got.accepted, m.spec_accepted),
                 (got.drafts, m.spec_drafts),
