@@ -18,14 +18,15 @@ from specproxy.commands.common import CommandError, Interrupted, error_boundary
 SCRATCH = tempfile.mkdtemp(prefix="specproxy-cli-")  # commands run here, so nothing lands in the checkout
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: str | Path = SCRATCH) -> subprocess.CompletedProcess[str]:
+    """The real command line, in ``cwd`` (outside the checkout by default), with no standard input."""
     return subprocess.run(
         [sys.executable, "-m", "specproxy", *args],
         capture_output=True,
         text=True,
         timeout=60,
         stdin=subprocess.DEVNULL,
-        cwd=SCRATCH,
+        cwd=cwd,
     )
 
 

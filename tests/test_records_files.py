@@ -6,14 +6,13 @@ replay), on real files."""
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specproxy.core.record import RecordError, dumps, read_records
 from tests.analysisutil import baseline_records, profile_records, write_run
+from tests.test_cli import run
 
 
 def _ids(path: Path) -> list[str]:
@@ -78,17 +77,6 @@ def test_only_a_line_cut_short_is_forgiven(
         list(read_records(path))
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specproxy", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
-    )
-
-
 def _cut(path: Path) -> Path:
     """The file as a crash leaves it: its last record cut short."""
     data = path.read_bytes()
@@ -105,7 +93,7 @@ def test_analysis_commands_read_a_file_cut_short_with_one_warning_line(tmp_path:
         "compare": ["compare", str(base), str(spec), "--baseline", "Base"],
         "advise": ["advise", str(spec), "--baseline-run", str(base)],
     }[command]
-    p = run_cli(*args, cwd=tmp_path)
+    p = run(*args, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     read = [f for f in (base, spec) if str(f) in args]
     expected = [f"specproxy: warning: {f}: skipped a partial last line (a write cut short)" for f in read]
@@ -115,7 +103,7 @@ def test_analysis_commands_read_a_file_cut_short_with_one_warning_line(tmp_path:
 
 def test_replay_reads_a_recording_cut_short(tmp_path: Path) -> None:
     rec = _cut(write_run(tmp_path / "rec.jsonl", baseline_records(requests=3)))
-    p = run_cli("replay", str(rec), "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o.jsonl"), cwd=tmp_path)
+    p = run("replay", str(rec), "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o.jsonl"), cwd=tmp_path)
     lines = p.stderr.splitlines()
     assert lines[0] == f"specproxy: warning: {rec}: skipped a partial last line (a write cut short)"
     assert p.returncode == 1 and "cannot reach" in p.stderr  # it got as far as the target: the file was read
@@ -125,10 +113,10 @@ def test_a_broken_middle_line_is_still_an_error_on_the_command_line(tmp_path: Pa
     recs = baseline_records(requests=3)
     path = tmp_path / "x.jsonl"
     path.write_bytes(dumps(recs[0]) + dumps(recs[1]) + dumps(recs[2])[:99])
-    p = run_cli("report", str(path), cwd=tmp_path)
+    p = run("report", str(path), cwd=tmp_path)
     assert p.returncode == 0 and p.stderr.count("\n") == 1 and "partial last line" in p.stderr
     path.write_bytes(dumps(recs[0]) + b"{oops\n" + dumps(recs[1]) + dumps(recs[2])[:99])
-    p = run_cli("report", str(path), cwd=tmp_path)
+    p = run("report", str(path), cwd=tmp_path)
     assert p.returncode == 2 and p.stderr.count("\n") == 1
     assert f"{path}:2: not JSON" in p.stderr
 

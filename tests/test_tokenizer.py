@@ -121,21 +121,25 @@ def tokenize_upstream(tok_path: Path | None, seen: list[dict[str, Any]]) -> Any:
     return script
 
 
-async def test_server_tokenize_counts_the_whole_response_once(tmp_path: Path) -> None:
-    path = make_tokenizer(tmp_path / "model")
-    seen: list[dict[str, Any]] = []
-    up = await start_upstream(tokenize_upstream(path, seen))
+async def records_with_server_tokenize(up: Any, tmp_path: Path, requests: int = 1) -> list[Any]:
+    """``requests`` chat streams through a proxy counting with the upstream's own /tokenize; their records."""
     try:
         over = {"rec_tokenizer": "server", "rec_tokenize_url": up.url + "/tokenize"}
         async with running_proxy(up.url, tmp_path, metrics=False, **over) as px:
             async with aiohttp.ClientSession() as s:
-                for _ in range(2):
+                for _ in range(requests):
                     async with s.post(px.url + "/v1/chat/completions", json=body()) as r:
                         await r.read()
             await px.flush()
-            recs = px.records()
+            return px.records()
     finally:
         await up.server.close()
+
+
+async def test_server_tokenize_counts_the_whole_response_once(tmp_path: Path) -> None:
+    path = make_tokenizer(tmp_path / "model")
+    seen: list[dict[str, Any]] = []
+    recs = await records_with_server_tokenize(await start_upstream(tokenize_upstream(path, seen)), tmp_path, 2)
     assert seen == [{"model": "m", "prompt": TEXT, "add_special_tokens": False}] * 2  # one call per response
     total = count(path, TEXT)
     for rec in recs:
@@ -146,36 +150,18 @@ async def test_server_tokenize_counts_the_whole_response_once(tmp_path: Path) ->
 
 
 async def test_server_tokenize_missing_keeps_local_counts_and_says_so(tmp_path: Path) -> None:
-    up = await start_upstream(tokenize_upstream(None, []))
-    try:
-        over = {"rec_tokenizer": "server", "rec_tokenize_url": up.url + "/tokenize"}
-        async with running_proxy(up.url, tmp_path, metrics=False, **over) as px:
-            async with aiohttp.ClientSession() as s, s.post(px.url + "/v1/chat/completions", json=body()) as r:
-                await r.read()
-            await px.flush()
-            (rec,) = px.records()
-    finally:
-        await up.server.close()
+    (rec,) = await records_with_server_tokenize(await start_upstream(tokenize_upstream(None, [])), tmp_path)
     assert rec["token_source"] in ("tiktoken", "approx")
     assert "server_tokenize_failed" in rec["flags"]  # type: ignore[operator]
     assert rec["completion_tokens"] == sum(n for _, n in rec["chunks"])  # type: ignore[union-attr]
 
 
 async def test_server_tokenize_is_not_called_when_usage_is_exact(tmp_path: Path) -> None:
-    seen: list[dict[str, Any]] = []
     up = await start_upstream(
         lambda req, b: Script(chat_stream(PIECES, usage={"prompt_tokens": 3, "completion_tokens": 9}))
     )
-    try:
-        over = {"rec_tokenizer": "server", "rec_tokenize_url": up.url + "/tokenize"}
-        async with running_proxy(up.url, tmp_path, metrics=False, **over) as px:
-            async with aiohttp.ClientSession() as s, s.post(px.url + "/v1/chat/completions", json=body()) as r:
-                await r.read()
-            await px.flush()
-            (rec,) = px.records()
-    finally:
-        await up.server.close()
-    assert rec["completion_tokens"] == 9 and not seen
+    (rec,) = await records_with_server_tokenize(up, tmp_path)
+    assert rec["completion_tokens"] == 9
     assert all(h["path"] != "/tokenize" for h in up.seen)
 
 
