@@ -65,14 +65,14 @@ async def test_rotation_keeps_every_record_in_order(tmp_path: Path) -> None:
 def test_older_schema_is_upgraded_and_newer_refused(tmp_path: Path) -> None:
     v0 = {"request_id": "abc", "timeline": [[0.1, 1], [0.2, 3]], "workload": "w"}
     rec = parse_line(orjson.dumps(v0))
-    assert rec is not None and rec["schema_version"] == 2 and rec["chunks"] == [(0.1, 1), (0.2, 3)]
+    assert rec is not None and rec["schema_version"] == 3 and rec["chunks"] == [(0.1, 1), (0.2, 3)]
     assert rec["label"] is None and rec["cached_tokens"] is None
     with pytest.raises(RecordError, match="newer"):
         parse_line(orjson.dumps({"request_id": "x", "schema_version": 99}))
     # a version 1 line (no cached_tokens), and a version 2 line that has one
     v1 = {"schema_version": 1, "request_id": "def", "prompt_tokens": 40, "completion_tokens": 8, "label": "L"}
     rec = parse_line(orjson.dumps(v1))
-    assert rec is not None and rec["schema_version"] == 2 and rec["cached_tokens"] is None
+    assert rec is not None and rec["schema_version"] == 3 and rec["cached_tokens"] is None
     assert (rec["prompt_tokens"], rec["completion_tokens"], rec["label"]) == (40, 8, "L")
     rec = parse_line(orjson.dumps({**v1, "schema_version": 2, "cached_tokens": 32}))
     assert rec is not None and rec["cached_tokens"] == 32

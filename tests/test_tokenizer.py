@@ -216,7 +216,7 @@ async def test_record_keeps_cached_tokens_of_a_non_streamed_response(tmp_path: P
     finally:
         await up.server.close()
     assert (rec["prompt_tokens"], rec["completion_tokens"], rec["cached_tokens"]) == (50, 7, 48)
-    assert rec["schema_version"] == 2
+    assert rec["schema_version"] == 3
 
 
 # -- bad values --------------------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from specproxy.workloads import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILTINS = ["code_agent", "ja_chat", "ja_long", "ja_medium"]
+BUILTINS = ["code_agent", "ja_chat", "ja_long", "ja_medium"]  # the files
+MULTI_TURN = ["code_agent_multi", "ja_chat_multi"]  # made from them
 JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
 FENCE = re.compile(r"```([\w+-]*)\n(.*?)```", re.S)
 
@@ -54,7 +55,7 @@ def error_of(spec: str, **kwargs: Any) -> str:
 
 
 def test_builtin_names() -> None:
-    assert builtin_names() == BUILTINS
+    assert builtin_names() == sorted(BUILTINS + MULTI_TURN)
 
 
 @pytest.mark.parametrize("name", BUILTINS)

@@ -19,6 +19,11 @@ AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,48
 PROMPTS = '"a"\n{"prompt": "b"}\n'
 
 # (file name, text, the format sniffing must pick, the formats whose sniff claims it before refinement)
+QUESTIONS = (
+    '{"question_id": 81, "category": "writing", "turns": ["Compose a travel blog post.", "Rewrite it in haiku."]}\n'
+    '{"question_id": 91, "category": "coding", "turns": ["Write a function that reverses a list."]}\n'
+)
+
 SAMPLES = [
     ("mine.json", NATIVE, "specproxy", {"specproxy"}),
     ("mine", "\n  " + NATIVE, "specproxy", {"specproxy"}),
@@ -43,6 +48,8 @@ SAMPLES = [
     ("trace", MOONCAKE, "mooncake", {"mooncake", "jsonl"}),
     ("one.json", MOONCAKE.splitlines()[0], "mooncake", {"mooncake", "jsonl"}),  # a single trace record
     ("mixed.jsonl", PROMPTS + MOONCAKE, "jsonl", {"jsonl"}),  # the first record decides
+    ("question.jsonl", QUESTIONS, "questions", {"questions", "jsonl"}),  # Spec-Bench / MT-Bench
+    ("question", QUESTIONS, "questions", {"questions", "jsonl"}),
     ("azure.csv", AZURE, "azure", {"azure"}),
     ("azure.CSV", AZURE, "azure", {"azure"}),
     ("azure", "\n" + AZURE, "azure", {"azure"}),  # no extension: the header
@@ -64,12 +71,12 @@ def test_every_format_is_sniffed_by_some_sample() -> None:
 
 
 def test_formats_are_listed_in_the_documented_order() -> None:
-    assert FORMATS == ("specproxy", "sharegpt", "jsonl", "mooncake", "azure")
+    assert FORMATS == ("specproxy", "sharegpt", "jsonl", "mooncake", "questions", "azure")
     assert REGISTRY.get("mooncake", "x").name == "mooncake"
     with pytest.raises(WorkloadError) as info:
         REGISTRY.get("yaml", "prompts.txt")
     assert str(info.value) == (
-        "prompts.txt: unknown format 'yaml'; known formats: specproxy, sharegpt, jsonl, mooncake, azure"
+        "prompts.txt: unknown format 'yaml'; known formats: specproxy, sharegpt, jsonl, mooncake, questions, azure"
     )
 
 

@@ -34,7 +34,7 @@ from specproxy.loadgen.summary import format_summary
 from specproxy.loadgen.target import Target, TargetError
 from specproxy.loadgen.workers import WorkerError
 from specproxy.recorder.recorder import RecorderConfig
-from specproxy.workloads import Workload, WorkloadError, load_workload
+from specproxy.workloads import SharedPrefixes, Workload, WorkloadError, load_workloads, shape_workloads
 
 DEFAULT_REQUESTS = 100
 
@@ -84,7 +84,7 @@ def _load_workloads(value: str) -> tuple[Workload, ...]:
     loaded: list[Workload] = []
     for s in specs:
         try:
-            loaded.append(load_workload(s))
+            loaded.extend(load_workloads(s))
         except WorkloadError as e:
             fail(str(e))
     names = [w.name for w in loaded]
@@ -139,6 +139,14 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeoutOpt = 10.0,
         idle_timeout: IdleTimeoutOpt = 600.0,
         progress: ProgressOpt = None,
+        think_time: float | None = typer.Option(
+            None, "--think-time", help="Seconds between a reply and the next turn of a conversation."
+        ),
+        shared_prefixes: int | None = typer.Option(
+            None, "--shared-prefixes", help="Put one of N shared system prompts before requests (prefix caching)."
+        ),
+        prefix_tokens: int = typer.Option(1000, "--prefix-tokens", help="Tokens per shared prefix (approximate)."),
+        prefix_share: float = typer.Option(1.0, "--prefix-share", help="Share of requests given a prefix (0-1)."),
     ) -> None:
         """Load generator: send workloads to a server, record every request like the proxy does, summarise."""
         tgt = check_url(target, "--target")
@@ -187,7 +195,15 @@ def register(app: typer.Typer) -> None:
             )
         n_requests = requests if requests is not None or duration is not None else DEFAULT_REQUESTS
         tokenizer = check_tokenizer(tokenizer)
-        loaded = _load_workloads(workload)
+        if think_time is not None and not 0 <= think_time <= 3600:
+            raise typer.BadParameter(f"--think-time must be 0 to 3600 seconds, got {think_time:g}")
+        prefixes = None
+        if shared_prefixes is not None:
+            try:
+                prefixes = SharedPrefixes(shared_prefixes, prefix_tokens, prefix_share)
+            except ValueError as e:
+                raise typer.BadParameter(str(e)) from None
+        loaded = shape_workloads(_load_workloads(workload), think_time_s=think_time, prefixes=prefixes, seed=seed or 0)
         notes: tuple[str, ...] = ()
         murl = _metrics(metrics_url, tgt)
         learn_k_from = None
@@ -203,7 +219,9 @@ def register(app: typer.Typer) -> None:
         out_path = out or _default_out("run", label, f"-shard{part.index}of{part.count}" if part.count > 1 else "")
         _writable(out_path)
         rid = run_id or (
-            plan_run_id(loaded, (n_requests, duration, seed, label, rate, conc, endpoint)) if part.count > 1 else None
+            plan_run_id(loaded, (n_requests, duration, seed, label, rate, conc, endpoint, think_time))
+            if part.count > 1
+            else None
         )
         spec = LoadSpec(
             target=Target(tgt, _headers(api_key), connect_timeout, idle_timeout),

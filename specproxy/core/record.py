@@ -18,7 +18,7 @@ from typing import Any, NotRequired, TypedDict
 
 import orjson
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -101,6 +101,8 @@ class Record(TypedDict):
     request: Any  # the captured request body (JSON), or None
     response_text: str | None
     replay_of: str | None
+    conversation: str | None  # the conversation a multi-turn request belongs to (load generator), else None
+    turn: int | None  # its turn in that conversation, from 1
     # Optional, not written by the recorder: a measured figure a user may add for `specproxy roofline`.
     read_bytes_per_token: NotRequired[float | None]
 
@@ -127,7 +129,20 @@ def _upgrade_1_to_2(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _upgrade_0_to_1, 1: _upgrade_1_to_2}
+def _upgrade_2_to_3(rec: dict[str, Any]) -> dict[str, Any]:
+    # Version 3 records which conversation and turn a request was; version 2 sent single requests only.
+    rec = dict(rec)
+    rec["conversation"] = None
+    rec["turn"] = None
+    rec["schema_version"] = 3
+    return rec
+
+
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    0: _upgrade_0_to_1,
+    1: _upgrade_1_to_2,
+    2: _upgrade_2_to_3,
+}
 
 
 def upgrade(rec: dict[str, Any]) -> dict[str, Any]:
@@ -359,6 +374,8 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         request=obj.get("request"),
         response_text=_str(obj.get("response_text")),
         replay_of=_str(obj.get("replay_of")),
+        conversation=_str(obj.get("conversation")),
+        turn=_int(obj.get("turn")),
     )
     if "read_bytes_per_token" in obj:
         rec["read_bytes_per_token"] = number(obj["read_bytes_per_token"])

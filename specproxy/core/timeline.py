@@ -117,6 +117,13 @@ class ResponseTimeline:
         """Whether every chunk count so far came from the server (usage deltas or token ids)."""
         return all(src in ("usage", "token_ids") for src in self._sources)
 
+    def reply_text(self) -> str | None:
+        """The streamed reply's text when it was kept whole (``keep_text``) and is not empty, else None: what a
+        conversation's next turn carries as the model's own earlier reply."""
+        if not self._keep_text or self._text_cut or not self._text:
+            return None
+        return "".join(self._text)
+
     # -- feeding ---------------------------------------------------------------------------------------------------
     def feed(self, t_ns: int, data: bytes) -> None:
         self.reads += 1

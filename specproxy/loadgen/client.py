@@ -8,12 +8,18 @@ no logging, no progress work.
 Open-loop sends are paced on absolute targets (``start + offset`` on the loop's monotonic clock); the lag between a
 target and the moment the request really goes out is kept per request so a run can report whether it kept up.
 Cancellation (Ctrl-C, SIGTERM) reaches every in-flight request; each is recorded as ``client_cancelled``.
+
+A conversation (an entry with follow-ups) is one user: its turns go out one after another, each after the last one's
+reply and the workload's think time, each carrying the model's own earlier replies, each recorded with the
+conversation's id and its turn. A turn that fails or brings no text ends the conversation there (the user would not
+go on either); :attr:`Client.conversations_cut` counts those.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 
 import aiohttp
@@ -21,7 +27,7 @@ import orjson
 
 from specproxy.core.errors import one_line
 from specproxy.core.headers import WORKLOAD_HEADER
-from specproxy.loadgen.plan import PlannedRequest
+from specproxy.loadgen.plan import PlannedRequest, next_turn
 from specproxy.loadgen.progress import Progress
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.trace import RequestMeta, Trace
@@ -45,10 +51,11 @@ class Client:
         self.lags_s: list[float] = []
         self.warmup_sent = 0
         self.warmup_failed = 0
+        self.conversations_cut = 0
 
-    def _request_headers(self, entry: PlannedRequest) -> dict[str, str]:
+    def _request_headers(self, workload: str) -> dict[str, str]:
         # The workload header lets a specproxy proxy in between file the request under the same workload.
-        return {**self._headers, "Content-Type": "application/json", WORKLOAD_HEADER: entry.workload}
+        return {**self._headers, "Content-Type": "application/json", WORKLOAD_HEADER: workload}
 
     async def send(
         self,
@@ -58,42 +65,76 @@ class Client:
         target_time: float | None = None,
         release: asyncio.Semaphore | None = None,
     ) -> None:
-        """Send one measured request and record it. Never raises but CancelledError."""
+        """Send one measured request (every turn of a conversation) and record it. Never raises but CancelledError."""
         try:
             if target_time is not None:
                 self.lags_s.append(max(0.0, asyncio.get_running_loop().time() - target_time))
-            model = entry.body.get("model")
-            meta = RequestMeta(
-                method="POST",
-                path=entry.path,
-                workload=entry.workload,
-                model=model if isinstance(model, str) else None,
-                body=entry.body,
-                stream_requested=bool(entry.body.get("stream")),
-                replay_of=entry.replay_of,
-                repeat=repeat,
-            )
-            trace = self._recorder.begin(meta)
-            outcome: str = "client_cancelled"  # unless the exchange returns
-            error: str | None = "run stopped"
-            try:
-                outcome, error = await self._exchange(entry, trace)
-            finally:
-                self._recorder.finish(trace, outcome, error)
-                tl = trace.timeline
-                tokens = sum(n for _, n in tl.chunks if n > 0) if tl is not None else 0
-                self._progress.finished(entry.workload, outcome == "ok", tokens)
+            if not entry.followups:
+                await self._send_turn(entry, entry.body, repeat=repeat)
+                return
+            conversation = uuid.uuid4().hex[:16]
+            body, reply = entry.body, ""
+            for turn in range(1, entry.turns + 1):
+                if turn > 1:
+                    if entry.think_time_s > 0:
+                        await asyncio.sleep(entry.think_time_s)
+                    body = next_turn(body, reply, entry.followups[turn - 2])
+                reply = await self._send_turn(entry, body, repeat=repeat, conversation=conversation, turn=turn)
+                if reply is None:
+                    if turn < entry.turns:
+                        self.conversations_cut += 1
+                    return
         finally:
             if release is not None:
                 release.release()
 
-    async def _exchange(self, entry: PlannedRequest, trace: Trace) -> tuple[str, str | None]:
-        url = self._target + entry.path
-        body = orjson.dumps(entry.body)
+    async def _send_turn(
+        self,
+        entry: PlannedRequest,
+        body: dict[str, object],
+        *,
+        repeat: int | None,
+        conversation: str | None = None,
+        turn: int | None = None,
+    ) -> str | None:
+        """One request, recorded; the reply's text when it came back complete and non-empty (a conversation's next
+        turn is built on it), else None."""
+        model = body.get("model")
+        meta = RequestMeta(
+            method="POST",
+            path=entry.path,
+            workload=entry.workload,
+            model=model if isinstance(model, str) else None,
+            body=body,
+            stream_requested=bool(body.get("stream")),
+            replay_of=entry.replay_of,
+            repeat=repeat,
+            conversation=conversation,
+            turn=turn,
+        )
+        trace = self._recorder.begin(meta, keep_text=conversation is not None)
+        outcome: str = "client_cancelled"  # unless the exchange returns
+        error: str | None = "run stopped"
+        try:
+            outcome, error = await self._exchange(entry.path, body, entry.workload, trace)
+        finally:
+            self._recorder.finish(trace, outcome, error)
+            tl = trace.timeline
+            tokens = sum(n for _, n in tl.chunks if n > 0) if tl is not None else 0
+            self._progress.finished(entry.workload, outcome == "ok", tokens)
+        if outcome != "ok" or conversation is None or trace.timeline is None:
+            return None
+        return trace.timeline.reply_text()
+
+    async def _exchange(
+        self, path: str, body: Mapping[str, object], workload: str, trace: Trace
+    ) -> tuple[str, str | None]:
+        url = self._target + path
+        data = orjson.dumps(body)
         perf = time.perf_counter_ns
         started = False
         try:
-            async with self._session.post(url, data=body, headers=self._request_headers(entry)) as resp:
+            async with self._session.post(url, data=data, headers=self._request_headers(workload)) as resp:
                 trace.response_started(resp.status, resp.headers.get("Content-Type"))
                 started = True
                 async for data in resp.content.iter_any():
@@ -120,7 +161,7 @@ class Client:
         try:
             url = self._target + entry.path
             async with self._session.post(
-                url, data=orjson.dumps(entry.body), headers=self._request_headers(entry)
+                url, data=orjson.dumps(entry.body), headers=self._request_headers(entry.workload)
             ) as resp:
                 async for _ in resp.content.iter_any():
                     pass

@@ -46,6 +46,19 @@ class PlannedRequest:
     path: str
     body: dict[str, Any]
     replay_of: str | None = None
+    # A conversation: after the reply, each follow-up is sent as the next user turn (chat bodies only).
+    followups: tuple[str, ...] = ()
+    think_time_s: float = 0.0
+
+    @property
+    def turns(self) -> int:
+        return 1 + len(self.followups)
+
+
+def next_turn(body: dict[str, Any], reply: str, followup: str) -> dict[str, Any]:
+    """The body of a conversation's next turn: the last body's messages, the model's own reply, the next user turn."""
+    messages = [*body["messages"], {"role": "assistant", "content": reply}, {"role": "user", "content": followup}]
+    return {**body, "messages": messages}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +175,17 @@ def iter_plan(workloads: Sequence[Workload], opts: BodyOptions, seed: int | None
         wl = workloads[w]
         item = wl.items[i]
         path, body = request_body(wl, item, opts)
-        yield PlannedRequest(index=index, workload=wl.name, item_id=item.id, path=path, body=body)
+        # follow-ups need the chat messages a reply can be appended to
+        followups = item.followups if "messages" in body else ()
+        yield PlannedRequest(
+            index=index,
+            workload=wl.name,
+            item_id=item.id,
+            path=path,
+            body=body,
+            followups=followups,
+            think_time_s=wl.think_time_s if followups else 0.0,
+        )
 
 
 def plan_run_id(workloads: Sequence[Workload], parts: Sequence[object]) -> str:
@@ -172,6 +195,8 @@ def plan_run_id(workloads: Sequence[Workload], parts: Sequence[object]) -> str:
         h.update(f"{wl.name}\0".encode())  # not the source path: it differs between machines
         for item in wl.items:
             h.update(f"{item.id}\0".encode())
+            if item.followups:
+                h.update(f"turns {item.turns}\0".encode())
     for p in parts:
         h.update(f"{p!r}\0".encode())
     return h.hexdigest()[:12]

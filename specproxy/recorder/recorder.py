@@ -23,6 +23,7 @@ import aiohttp
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
+from specproxy.core.errors import one_line
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
 from specproxy.core.stats import step_and_token_gaps
@@ -113,7 +114,7 @@ class Recorder:
         await self.sink.start()
         await self.scraper.start()
 
-    def begin(self, meta: RequestMeta) -> Trace:
+    def begin(self, meta: RequestMeta, *, keep_text: bool = False) -> Trace:
         self.in_flight += 1
         self.metrics.in_flight.inc()
         self.ledger.begin(meta.request_id, meta.workload)
@@ -121,7 +122,7 @@ class Recorder:
         return Trace(
             meta,
             tokenizer=self.tokenizer,
-            keep_text=self.config.capture == "full" or self.server_tokenizer is not None,
+            keep_text=keep_text or self.config.capture == "full" or self.server_tokenizer is not None,
             ledger=self.ledger if self.scraper.enabled else None,
         )
 
@@ -292,6 +293,8 @@ class Recorder:
             "request": captured,
             "response_text": None,
             "replay_of": meta.replay_of,
+            "conversation": meta.conversation,
+            "turn": meta.turn,
         }
 
     def _observe(self, rec: Record) -> None:
@@ -390,8 +393,6 @@ def _zero_acceptance(c: SpecCounts) -> bool:
 
 def _one_line(err: Any) -> str:
     # the engine's own words, which may quote the request (bytes, URLs with keys): kept as one safe line
-    from specproxy.core.errors import one_line  # here: this function is the recorder's only use of it
-
     if isinstance(err, Mapping):
         msg = err.get("message")
         if isinstance(msg, str):

@@ -27,6 +27,8 @@ class RequestMeta:
     stream_requested: bool = False
     replay_of: str | None = None
     repeat: int | None = None
+    conversation: str | None = None  # a multi-turn request's conversation (load generator)
+    turn: int | None = None  # its turn, from 1
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     started_at: float = field(default_factory=time.time)
     start_ns: int = field(default_factory=time.perf_counter_ns)

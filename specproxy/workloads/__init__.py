@@ -8,13 +8,14 @@ are made from the built-in text, cut to the recorded input length by a token cou
 This package re-exports the public API; the modules behind it are:
 
 - `types`: `Workload`, `WorkloadItem`, `WorkloadError` and the checks every reader shares;
-- `native`, `sharegpt`, `jsonl`, `mooncake`, `azure`: one input format each, declared as a `registry.WorkloadFormat`
-  (its name, how to recognise a file of its kind, how to read it);
+- `native`, `sharegpt`, `jsonl`, `mooncake`, `questions`, `azure`: one input format each, declared as a
+  `registry.WorkloadFormat` (its name, how to recognise a file of its kind, how to read it);
 - `registry`: how those declarations are looked up by name and how a file's format is recognised;
 - `sniff`: a file's text and the decodings the formats recognise it by;
 - `corpus`: the text trace prompts are cut from, and the approximate token count;
 - `builtin`: where the built-in workloads are and their names;
-- `load`: `load_workload` and `parse_workload`, the one place that lists every format.
+- `conversations`: the multi-turn built-ins and shared prefixes;
+- `load`: `load_workload`, `load_workloads` and `parse_workload`, the one place that lists every format.
 
 Everything is pure (text in, `Workload` out) except `builtin_names` and `load_workload`, which read files.
 """
@@ -22,9 +23,17 @@ Everything is pure (text in, `Workload` out) except `builtin_names` and `load_wo
 from specproxy.core.tokens import approx_token_count
 from specproxy.workloads.azure import parse_azure_csv, parse_azure_timestamp
 from specproxy.workloads.builtin import builtin_names
+from specproxy.workloads.conversations import SharedPrefixes, with_shared_prefixes, with_think_time
 from specproxy.workloads.corpus import MOONCAKE_BLOCK_TOKENS, CountTokens, PromptCorpus
 from specproxy.workloads.jsonl import parse_requests
-from specproxy.workloads.load import FORMATS, load_workload, parse_workload
+from specproxy.workloads.load import (
+    FORMATS,
+    load_workload,
+    load_workloads,
+    parse_workload,
+    shape_workloads,
+    split_categories,
+)
 from specproxy.workloads.mooncake import parse_mooncake
 from specproxy.workloads.native import FORMAT_VERSION, parse_specproxy
 from specproxy.workloads.sharegpt import parse_sharegpt
@@ -37,6 +46,7 @@ __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
     "CountTokens",
     "PromptCorpus",
+    "SharedPrefixes",
     "Workload",
     "WorkloadError",
     "WorkloadItem",
@@ -44,6 +54,7 @@ __all__ = [
     "builtin_names",
     "check_name",
     "load_workload",
+    "load_workloads",
     "parse_azure_csv",
     "parse_azure_timestamp",
     "parse_mooncake",
@@ -51,4 +62,8 @@ __all__ = [
     "parse_sharegpt",
     "parse_specproxy",
     "parse_workload",
+    "shape_workloads",
+    "split_categories",
+    "with_shared_prefixes",
+    "with_think_time",
 ]

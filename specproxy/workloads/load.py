@@ -7,21 +7,24 @@ text, the registry picks the format, the format's module reads it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from specproxy.core.tokens import approx_token_count
-from specproxy.workloads import azure, jsonl, mooncake, native, sharegpt
-from specproxy.workloads.builtin import builtin_corpus, builtin_names, load_builtin
+from specproxy.workloads import azure, jsonl, mooncake, native, questions, sharegpt
+from specproxy.workloads.builtin import builtin_corpus, builtin_names, builtin_texts, load_builtin
+from specproxy.workloads.conversations import SharedPrefixes, prefix_texts, with_shared_prefixes, with_think_time
 from specproxy.workloads.corpus import CountTokens, PromptCorpus
 from specproxy.workloads.registry import FormatRegistry, ReadOptions
 from specproxy.workloads.sniff import WorkloadText, read_text
-from specproxy.workloads.types import Workload, WorkloadError, check
+from specproxy.workloads.types import MAX_NAME_CHARS, Workload, WorkloadError, check
 
 # Listed in this order in messages and in workloads/README.md. A file no format claims is read as a specproxy
 # workload file, whose reader says where its JSON breaks or what the object lacks.
 REGISTRY = FormatRegistry(
-    formats=(native.FORMAT, sharegpt.FORMAT, jsonl.FORMAT, mooncake.FORMAT, azure.FORMAT),
+    formats=(native.FORMAT, sharegpt.FORMAT, jsonl.FORMAT, mooncake.FORMAT, questions.FORMAT, azure.FORMAT),
     default=native.FORMAT.name,
 )
 FORMATS = REGISTRY.names()
@@ -73,3 +76,56 @@ def load_workload(
         corpus=builtin_corpus,
         limit=limit,
     )
+
+
+def split_categories(workload: Workload) -> tuple[Workload, ...]:
+    """One workload per category when the items carry categories (Spec-Bench, MT-Bench), in order of first
+    appearance; items without one stay in a workload of the file's name. A workload without categories is itself."""
+    if all(item.category is None for item in workload.items):
+        return (workload,)
+    groups: dict[str, list[int]] = {}
+    for i, item in enumerate(workload.items):
+        key = workload.name if item.category is None else _category_name(item.category)
+        groups.setdefault(key, []).append(i)
+    return tuple(
+        replace(
+            workload,
+            name=key,
+            description=f"{workload.description}, category {key}",
+            items=tuple(workload.items[i] for i in idx),
+        )
+        for key, idx in groups.items()
+    )
+
+
+def _category_name(category: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", category.strip())[:MAX_NAME_CHARS] or "uncategorised"
+
+
+def load_workloads(
+    spec: str, *, count_tokens: CountTokens | None = None, format: str | None = None, limit: int | None = None
+) -> tuple[Workload, ...]:
+    """`load_workload`, with a file of categorised questions made into one workload per category."""
+    return split_categories(load_workload(spec, count_tokens=count_tokens, format=format, limit=limit))
+
+
+def shape_workloads(
+    workloads: tuple[Workload, ...],
+    *,
+    think_time_s: float | None,
+    prefixes: SharedPrefixes | None,
+    seed: int,
+    texts: list[str] | None = None,
+    count_tokens: CountTokens | None = None,
+) -> tuple[Workload, ...]:
+    """The run's workloads with `--think-time` and `--shared-prefixes` applied. The prefixes are made once, from
+    `texts` (default: the built-in workloads' text), and shared by every workload, as one deployment's system prompts
+    are shared by all its traffic."""
+    out = workloads
+    if think_time_s is not None:
+        out = tuple(with_think_time(w, think_time_s) for w in out)
+    if prefixes is not None:
+        counter = count_tokens or approx_token_count
+        made = prefix_texts(prefixes, texts if texts is not None else builtin_texts(), counter)
+        out = tuple(with_shared_prefixes(w, prefixes, made, seed) for w in out)
+    return out

@@ -22,8 +22,10 @@ from specproxy.workloads.types import (
 
 FORMAT_VERSION = 1
 
-_TOP_KEYS = {"format_version", "name", "description", "max_tokens", "items"}
-_ITEM_KEYS = {"id", "messages", "max_tokens"}
+_TOP_KEYS = {"format_version", "name", "description", "max_tokens", "items", "think_time_s"}
+_ITEM_KEYS = {"id", "messages", "max_tokens", "followups"}
+# A pause longer than this between two turns is a typo (milliseconds given as seconds), not a user.
+MAX_THINK_TIME_S = 3600.0
 
 
 def _check_conversation(messages: Any, where: str) -> tuple[dict[str, Any], ...]:
@@ -63,6 +65,12 @@ def parse_specproxy(data: Any, *, source: str) -> Workload:
     check(isinstance(description, str), source, "description must be a string")
     max_tokens = data.get("max_tokens", DEFAULT_MAX_TOKENS)
     check(positive_int(max_tokens), source, f"max_tokens must be a positive integer (got {max_tokens!r})")
+    think = data.get("think_time_s", 0.0)
+    check(
+        isinstance(think, int | float) and not isinstance(think, bool) and 0 <= think <= MAX_THINK_TIME_S,
+        source,
+        f"think_time_s must be a number of seconds from 0 to {MAX_THINK_TIME_S:g} (got {think!r})",
+    )
     raw_items = data.get("items")
     check(isinstance(raw_items, list) and len(raw_items) > 0, source, "items must be a non-empty list")
     items: list[WorkloadItem] = []
@@ -79,8 +87,24 @@ def parse_specproxy(data: Any, *, source: str) -> Workload:
         item_max = raw.get("max_tokens")
         check(item_max is None or positive_int(item_max), where, "max_tokens must be a positive integer")
         messages = _check_conversation(raw.get("messages"), f"{where} (id {item_id!r})")
-        items.append(WorkloadItem(id=item_id, messages=messages, max_tokens=item_max))
-    return Workload(name=name, description=description, max_tokens=max_tokens, items=tuple(items), source=source)
+        followups = check_followups(raw.get("followups", []), f"{where} (id {item_id!r}).followups")
+        items.append(WorkloadItem(id=item_id, messages=messages, max_tokens=item_max, followups=followups))
+    return Workload(
+        name=name,
+        description=description,
+        max_tokens=max_tokens,
+        items=tuple(items),
+        source=source,
+        think_time_s=float(think),
+    )
+
+
+def check_followups(value: Any, where: str) -> tuple[str, ...]:
+    """The user turns sent after the model's own replies: a list of non-empty strings (possibly empty)."""
+    check(isinstance(value, list), where, "followups must be a list of user messages (strings)")
+    for j, text in enumerate(value):
+        check(isinstance(text, str) and text.strip() != "", f"{where}[{j}]", "a follow-up must be a non-empty string")
+    return tuple(value)
 
 
 def _sniff(text: WorkloadText) -> bool:

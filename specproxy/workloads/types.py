@@ -32,6 +32,10 @@ class WorkloadItem:
     `prompt` is set when the source gave a plain prompt (completions style); `body` when it gave a whole OpenAI
     request body, to be sent as is apart from model and streaming options. `arrival_s` is the offset from the start
     of a recorded trace; `expected_output_tokens` is the output length the source recorded.
+
+    `followups` makes the item a conversation: after the model answers `messages`, each follow-up is sent as the next
+    user turn, after the model's *own* earlier replies (sent live, never canned), so turn n carries turns 1..n-1.
+    `category` is the source's category (SpecBench, MT-Bench), which the loader can make a workload of its own.
     """
 
     id: str
@@ -41,17 +45,27 @@ class WorkloadItem:
     body: dict[str, Any] | None = None
     arrival_s: float | None = None
     expected_output_tokens: int | None = None
+    followups: tuple[str, ...] = ()
+    category: str | None = None
+
+    @property
+    def turns(self) -> int:
+        return 1 + len(self.followups)
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """A named set of requests; `max_tokens` applies to items without their own. `source` says where it came from."""
+    """A named set of requests; `max_tokens` applies to items without their own. `source` says where it came from.
+
+    `think_time_s` is the pause between a reply and the user's next turn in a conversation (items with follow-ups).
+    """
 
     name: str
     description: str
     max_tokens: int
     items: tuple[WorkloadItem, ...]
     source: str
+    think_time_s: float = 0.0
 
     def max_tokens_for(self, item: WorkloadItem) -> int:
         return item.max_tokens if item.max_tokens is not None else self.max_tokens
