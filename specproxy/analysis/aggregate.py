@@ -18,7 +18,7 @@ from specproxy.analysis.slo import FigureSpec, goodput, percentile_name
 from specproxy.core.record import Record, number
 from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
 
-GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "path", "method")
+GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "turn", "path", "method")
 DEFAULT_GROUP_BY = ("workload", "label")
 NONE_KEY = "(none)"
 

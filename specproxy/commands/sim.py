@@ -39,6 +39,12 @@ def register(app: typer.Typer) -> None:
             help="Step time per position verified once compute-bound (e.g. 0.0002): speculation then loses at "
             "high load. 0: no compute roof.",
         ),
+        prefix_caching: bool = typer.Option(
+            True, "--prefix-caching/--no-prefix-caching", help="Serve repeated prompt prefixes from a cache."
+        ),
+        prompt_tokens_details: bool = typer.Option(
+            False, "--enable-prompt-tokens-details", help="Report cached prompt tokens in usage, as vLLM's flag does."
+        ),
         profiles: Path | None = typer.Option(None, "--profiles", help="JSON file of acceptance profiles."),
         max_tokens: int = typer.Option(256, "--default-max-tokens", help="max_tokens when a request sends none."),
     ) -> None:
@@ -61,7 +67,10 @@ def register(app: typer.Typer) -> None:
             speed=speed,
             compute_s_per_token=compute_s_per_token,
             default_max_tokens=max_tokens,
+            prompt_tokens_details=prompt_tokens_details,
         )
+        if not prefix_caching:
+            cfg = replace(cfg, prefix_cache_entries=0)
         if profiles is not None:
             try:
                 cfg = replace(cfg, profiles=load_profiles(profiles))

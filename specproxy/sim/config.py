@@ -113,7 +113,10 @@ class SimConfig:
     per_draft_token_s: extra step time per draft token of the longest draft in the batch.
     per_seq_s: extra step time per sequence in the batch.
     compute_s_per_token: step time per position verified (1 + drafts per sequence) when compute-bound; 0: none.
-    prefill_s_per_token: extra step time per prompt token of requests admitted in that step.
+    prefill_s_per_token: extra step time per prompt token of requests admitted in that step (tokens the prefix
+        cache served excluded).
+    prefix_cache_entries: message prefixes the prefix cache keeps (sim/prefix_cache.py); 0 turns caching off.
+    prompt_tokens_details: vLLM's --enable-prompt-tokens-details: final usage carries `cached_tokens` when non-zero.
     profiles: workload name -> Profile. Requests pick one by prompt content or the X-Sim-Profile header.
     default_max_tokens: max_tokens when a request sends none.
     max_model_len: prompt_tokens + max_tokens may not exceed this (400 otherwise, like vLLM).
@@ -142,6 +145,8 @@ class SimConfig:
     per_seq_s: float = 0.0001
     compute_s_per_token: float = 0.0
     prefill_s_per_token: float = 0.00002
+    prefix_cache_entries: int = 65536
+    prompt_tokens_details: bool = False
     profiles: Mapping[str, Profile] = field(default_factory=lambda: DEFAULT_PROFILES)
     default_max_tokens: int = 256
     max_model_len: int = 32768
@@ -190,6 +195,8 @@ class SimConfig:
             raise ValueError(
                 f"per_request_spec_metrics must be summary or detailed, got {self.per_request_spec_metrics!r}"
             )
+        if self.prefix_cache_entries < 0:
+            raise ValueError(f"prefix_cache_entries must be >= 0, got {self.prefix_cache_entries}")
         if self.model_bytes < 0 or not self.bandwidth_bytes_s > 0:
             raise ValueError("model_bytes must be >= 0 and bandwidth_bytes_s > 0")
         for name in (

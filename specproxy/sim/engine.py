@@ -161,7 +161,7 @@ class EngineCore:
             req = self._waiting.popleft()
             self._running[req.id] = req
             req.truth.admitted_at_s = now_s
-            prefill_tokens += req.truth.prompt_tokens
+            prefill_tokens += req.truth.prompt_tokens - req.truth.cached_tokens
         max_drafted = verified = 0
         for req in self._running.values():
             req.drafted_now = self._draft_count(req) if req.prefilled else 0

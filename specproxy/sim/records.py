@@ -25,6 +25,7 @@ class RequestTruth:
     natural_tokens: int
     started_at_s: float
     stream: bool = False
+    cached_tokens: int = 0  # prompt tokens the prefix cache served (not prefilled again)
     completion_tokens: int = 0
     finish_reason: str | None = None
     accepted: int = 0

@@ -17,9 +17,11 @@ from specproxy.sim.config import SimConfig
 from specproxy.sim.engine import EngineCore, SimRequest, new_request
 from specproxy.sim.faults import Faults, parse_faults
 from specproxy.sim.metrics import SimMetrics
+from specproxy.sim.prefix_cache import PrefixCache
 from specproxy.sim.records import RequestTruth, StepOutput, Totals
 from specproxy.sim.wire import ParsedRequest
 
+GENERATED_TEXTS_KEPT = 4096
 # None on a queue means the server is shutting down.
 OutputQueue = asyncio.Queue[StepOutput | None]
 
@@ -38,6 +40,9 @@ class SimRuntime:
         self.request_faults: Faults = parse_faults(cfg.request_faults)
         self.closing = asyncio.Event()
         self._queues: dict[str, OutputQueue] = {}
+        self.prefix_cache = PrefixCache(cfg.prefix_cache_entries)
+        # the texts of recent responses and their token counts: /tokenize counts a generated text as it was generated
+        self.generated: OrderedDict[str, int] = OrderedDict()
         self._wake = [asyncio.Event() for _ in self.cores]
         self._tasks: list[asyncio.Task[None]] = []
         self._next_engine = 0
@@ -76,6 +81,7 @@ class SimRuntime:
             content_key=parsed.content_key,
         )
         req.truth.stream = stream
+        req.truth.cached_tokens = self.prefix_cache.lookup_and_insert(parsed.prefix_keys, parsed.prompt_tokens)
         self.truth[request_id] = req.truth
         while len(self.truth) > self.cfg.truth_capacity:
             self.truth.popitem(last=False)
@@ -83,6 +89,12 @@ class SimRuntime:
         queue: OutputQueue = asyncio.Queue()
         self._queues[request_id] = queue
         return req, queue
+
+    def remember_text(self, text: str, tokens: int) -> None:
+        self.generated[text] = tokens
+        self.generated.move_to_end(text)
+        while len(self.generated) > GENERATED_TEXTS_KEPT:
+            self.generated.popitem(last=False)
 
     def submit(self, req: SimRequest) -> None:
         core = self.cores[req.truth.engine]

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from specproxy.core.tokens import approx_token_count
 from specproxy.serving import base_url, start_app
 from specproxy.sim.config import METRICS_FAULTS, SimConfig
 from specproxy.sim.engine import SimRequest
@@ -129,6 +130,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             continuous_usage=parsed.continuous_usage,
             return_token_ids=parsed.return_token_ids,
             system_fingerprint=rt.cfg.system_fingerprint,
+            cached_tokens=req.truth.cached_tokens if rt.cfg.prompt_tokens_details else None,
         )
         if parsed.stream:
             return await _stream(request, rt, req, queue, parsed, fmt, faults)
@@ -161,6 +163,7 @@ async def _whole(
         return web.Response(status=200)
     if faults.error_event_after is not None:
         return _error(500, "Simulated failure during generation")
+    rt.remember_text("".join(texts), len(ids))
     body = full_body(fmt, "".join(texts), ids, out.finish_reason, _metrics_obj(rt, req))
     return web.Response(body=body, content_type="application/json")
 
@@ -198,6 +201,7 @@ async def _stream(
         started = False
         texts: list[str] = []
         ids: list[int] = []
+        whole: list[str] = []
         since_sent = 0
         while True:
             if keepalive_s is None:
@@ -212,6 +216,7 @@ async def _stream(
             if out is None:
                 raise _StreamStopped  # server shutting down
             texts.extend(out.texts)
+            whole.extend(out.texts)
             ids.extend(out.token_ids)
             since_sent += 1
             # vLLM's stream_interval: the first output and the last always go out at once.
@@ -224,6 +229,7 @@ async def _stream(
             texts, ids, since_sent = [], [], 0
             if out.finish_reason is not None:
                 break
+        rt.remember_text("".join(whole), out.completion_tokens)
         if parsed.include_usage:
             await send(fmt.usage_event(out.completion_tokens, _metrics_obj(rt, req)))
         await resp.write(DONE)
@@ -241,6 +247,38 @@ async def _metrics(request: web.Request) -> web.Response:
         await rt.closing.wait()  # until the client gives up (handler cancelled) or the server stops
         return web.Response(status=503)
     return web.Response(body=rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``POST /tokenize``: ``{"prompt"}`` or ``{"messages"}`` -> ``{"count", "max_model_len", "tokens"}``. A text
+    this simulator generated counts the tokens it was generated as; any other text, the approximate count."""
+    rt = request.app[RUNTIME]
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        return _error(400, f"JSON decode error: {e}")
+    if not isinstance(body, dict):
+        return _error(400, "request body must be a JSON object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        count = rt.generated.get(prompt)
+        if count is None:
+            count = approx_token_count(prompt) if prompt else 0
+    elif "messages" in body:
+        try:
+            count = parse_request("chat", orjson.dumps({"messages": body["messages"]}), rt.cfg, None).prompt_tokens
+        except ApiError as e:
+            return web.Response(body=e.body(), status=e.status, content_type="application/json")
+    else:
+        return _error(400, "Field required: prompt (a string) or messages")
+    model = body.get("model")
+    if model is not None and model != rt.cfg.served_model_name:
+        return _error(404, f"The model `{model}` does not exist.")
+    if count > rt.cfg.max_model_len:
+        limit = rt.cfg.max_model_len
+        return _error(400, f"This model's maximum context length is {limit} tokens; the text has {count}.")
+    tokens = list(range(count))
+    return _json({"count": count, "max_model_len": rt.cfg.max_model_len, "tokens": tokens, "token_strs": None})
 
 
 async def _sim_faults(request: web.Request) -> web.Response:
@@ -294,6 +332,7 @@ def build_app(rt: SimRuntime) -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/sim/faults", _sim_faults)
     app.router.add_post("/sim/reset-counters", _sim_reset)
     app.router.add_get("/sim/requests", _sim_requests)

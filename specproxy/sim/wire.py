@@ -15,6 +15,7 @@ import orjson
 from specproxy.core.tokens import approx_token_count
 from specproxy.sim.config import SimConfig
 from specproxy.sim.corpus import classify
+from specproxy.sim.prefix_cache import PrefixKeys, prefix_keys
 from specproxy.sim.records import RequestTruth
 
 DONE = b"data: [DONE]\n\n"
@@ -59,6 +60,7 @@ class ParsedRequest:
     prompt_tokens: int
     profile: str
     content_key: bytes
+    prefix_keys: PrefixKeys = ()  # what the prefix cache looks up (messages; a completion's whole prompt)
 
 
 def _message_text(content: object) -> str:
@@ -87,15 +89,18 @@ def parse_request(kind: str, raw: bytes, cfg: SimConfig, profile_header: str | N
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "Field required: messages must be a non-empty list")
         texts: list[str] = []
+        roles: list[str] = []
         last_user = ""
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise ApiError(400, "each message must be an object with a string role")
             text = _message_text(m.get("content"))
             texts.append(text)
+            roles.append(m["role"])
             if m["role"] == "user":
                 last_user = text
         prompt_tokens = sum(approx_token_count(t) + 4 for t in texts) + 3  # chat template markers per message
+        keys = prefix_keys([(f"{r}\0{t}", approx_token_count(t) + 4) for r, t in zip(roles, texts, strict=True)])
         classify_text = last_user or texts[-1]
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         key_body: dict[str, object] = {"messages": messages}
@@ -106,9 +111,11 @@ def parse_request(kind: str, raw: bytes, cfg: SimConfig, profile_header: str | N
         if isinstance(prompt, str):
             prompt_tokens = max(1, approx_token_count(prompt))
             classify_text = prompt
+            keys = prefix_keys([(prompt, prompt_tokens)])
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             prompt_tokens = len(prompt)
             classify_text = ""
+            keys = ()
         else:
             raise ApiError(400, "Field required: prompt must be a string or a list of token ids")
         max_tokens = body.get("max_tokens")
@@ -152,6 +159,7 @@ def parse_request(kind: str, raw: bytes, cfg: SimConfig, profile_header: str | N
         prompt_tokens=prompt_tokens,
         profile=profile,
         content_key=hashlib.sha256(key).digest(),
+        prefix_keys=keys,
     )
 
 
@@ -204,6 +212,9 @@ class StreamFormatter:
     continuous_usage: bool
     return_token_ids: bool
     system_fingerprint: str
+    # vLLM --enable-prompt-tokens-details: the final usage says how many prompt tokens the prefix cache served, when
+    # any (vllm/entrypoints/openai/serving_chat.py: `if self.enable_prompt_tokens_details and num_cached_tokens`)
+    cached_tokens: int | None = None
 
     def _head(self) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -262,6 +273,8 @@ class StreamFormatter:
             "total_tokens": self.prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens,
         }
+        if self.cached_tokens:
+            chunk["usage"]["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
         chunk["system_fingerprint"] = self.system_fingerprint
         if metrics is not None:
             chunk["metrics"] = metrics
@@ -282,7 +295,7 @@ def full_body(
         "prompt_tokens": fmt.prompt_tokens,
         "total_tokens": fmt.prompt_tokens + n,
         "completion_tokens": n,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": {"cached_tokens": fmt.cached_tokens} if fmt.cached_tokens else None,
     }
     head: dict[str, Any] = {"id": fmt.response_id}
     if fmt.kind == "chat":
