@@ -73,17 +73,17 @@ class Client:
                 await self._send_turn(entry, entry.body, repeat=repeat)
                 return
             conversation = uuid.uuid4().hex[:16]
-            body, reply = entry.body, ""
+            body = entry.body
             for turn in range(1, entry.turns + 1):
-                if turn > 1:
-                    if entry.think_time_s > 0:
-                        await asyncio.sleep(entry.think_time_s)
-                    body = next_turn(body, reply, entry.followups[turn - 2])
                 reply = await self._send_turn(entry, body, repeat=repeat, conversation=conversation, turn=turn)
-                if reply is None:
-                    if turn < entry.turns:
-                        self.conversations_cut += 1
+                if turn == entry.turns:
                     return
+                if reply is None:
+                    self.conversations_cut += 1
+                    return
+                if entry.think_time_s > 0:
+                    await asyncio.sleep(entry.think_time_s)
+                body = next_turn(body, reply, entry.followups[turn - 1])
         finally:
             if release is not None:
                 release.release()

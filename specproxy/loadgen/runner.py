@@ -57,6 +57,7 @@ class DriveResult:
     lags_s: list[float]
     warmup_sent: int = 0
     warmup_failed: int = 0
+    conversations_cut: int = 0  # conversations that ended before their last turn (a turn failed or said nothing)
     signal: int | None = None  # the signal that stopped the run, if any
     records_written: int = 0
     records_dropped: int = 0
@@ -104,6 +105,7 @@ async def drive(
                     reporter(progress.snapshot(recorder.workload_spec))
         result.lags_s = client.lags_s
         result.warmup_sent, result.warmup_failed = client.warmup_sent, client.warmup_failed
+        result.conversations_cut = client.conversations_cut
         result.records_written, result.records_dropped = recorder.sink.written, recorder.sink.dropped
     return result
 

@@ -173,6 +173,10 @@ def _outcome(
     notes = list(notes)
     if result.records_dropped:
         notes.append(f"{result.records_dropped} records could not be written to {out}")
+    if result.conversations_cut:
+        notes.append(
+            f"{result.conversations_cut} conversations ended before their last turn (a turn failed or brought no text)"
+        )
     summary = summarize_run(
         records,
         lags_s=result.lags_s,

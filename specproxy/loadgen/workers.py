@@ -120,6 +120,7 @@ async def run_workers(
         merged.lags_s.extend(r.lags_s)
         merged.warmup_sent += r.warmup_sent
         merged.warmup_failed += r.warmup_failed
+        merged.conversations_cut += r.conversations_cut
         merged.records_written += r.records_written
         merged.records_dropped += r.records_dropped
         if merged.signal is None:

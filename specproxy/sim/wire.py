@@ -100,7 +100,7 @@ def parse_request(kind: str, raw: bytes, cfg: SimConfig, profile_header: str | N
             if m["role"] == "user":
                 last_user = text
         prompt_tokens = sum(approx_token_count(t) + 4 for t in texts) + 3  # chat template markers per message
-        keys = prefix_keys([(f"{r}\0{t}", approx_token_count(t) + 4) for r, t in zip(roles, texts, strict=True)])
+        keys = prefix_keys([(f"{r}\0{t}", 4) for r, t in zip(roles, texts, strict=True)], approx_token_count)
         classify_text = last_user or texts[-1]
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         key_body: dict[str, object] = {"messages": messages}
@@ -111,7 +111,7 @@ def parse_request(kind: str, raw: bytes, cfg: SimConfig, profile_header: str | N
         if isinstance(prompt, str):
             prompt_tokens = max(1, approx_token_count(prompt))
             classify_text = prompt
-            keys = prefix_keys([(prompt, prompt_tokens)])
+            keys = prefix_keys([(prompt, 0)], approx_token_count)
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             prompt_tokens = len(prompt)
             classify_text = ""
