@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from specproxy.core.dialects import Dialect, dialect_for, stream_framing
+from specproxy.core.dialects.engine import PER_TOKEN_ENGINES
 from specproxy.core.ndjson import NDJSONDecoder
 from specproxy.core.openai_stream import StreamChunk
 from specproxy.core.sse import SSEDecoder
@@ -126,8 +127,9 @@ class ResponseTimeline:
 
     @property
     def exact_counts(self) -> bool:
-        """Whether every chunk count so far came from the server (usage deltas or token ids)."""
-        return all(src in ("usage", "token_ids") for src in self._sources)
+        """Whether every chunk count so far came from the server (usage deltas or token ids), from an engine whose
+        chunks are steps: llama.cpp and Ollama send one event per token, so a count per event says nothing of steps."""
+        return self._engine not in PER_TOKEN_ENGINES and all(src in ("usage", "token_ids") for src in self._sources)
 
     def reply_text(self) -> str | None:
         """The streamed reply's text when it was kept whole (``keep_text``) and is not empty, else None: what a

@@ -24,6 +24,7 @@ from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.core.errors import one_line
 from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_rate
+from specproxy.core.prom import NO_SPEC_COUNTERS
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
 from specproxy.core.stats import step_and_token_gaps
@@ -176,6 +177,7 @@ class Recorder:
         if tl is None:
             return rec
         engine = rec["engine"] = self.engine.of(tl.engine_hint, self.scraper.state.engine)
+        counters = None if self.scraper.state.engine in NO_SPEC_COUNTERS else counters  # gauges only: no share
         choice = decide(
             Evidence(
                 stream=tl.stream,
