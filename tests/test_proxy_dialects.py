@@ -146,7 +146,11 @@ async def test_sglang_generate_meta_info(tmp_path: Path) -> None:
         await px.flush()
         recs = px.records()
         truths = [await _truth(s, sim.url, r["upstream_id"]) for r in recs]
-        assert px.recorder.scraper.state.engine == "sglang"
+        state = px.recorder.scraper.state
+        assert state.engine == "sglang" and state.running == 0 and state.waiting == 0
+        # SGLang's gauge, over everything the simulator served: 1 + accepted / verify steps
+        acc, steps = sum(t["counted_accepted"] for t in truths), sum(t["drafts"] for t in truths)
+        assert state.accept_length_gauge == pytest.approx(1 + acc / steps)
     for rec, t in zip(recs, truths, strict=True):
         assert rec["engine"] == "sglang" and rec["token_source"] == "usage"
         assert rec["spec"]["source"] == "server"

@@ -341,6 +341,8 @@ class Recorder:
             "workloads": workloads,
             "engine": {
                 "kind": sc.engine,
+                "name": self.engine.of(None, sc.engine),  # --engine, or what auto-detection found
+                "acceptance_length_gauge": sc.accept_length_gauge,
                 "scrapes_ok": sc.ok,
                 "scrape_errors": sc.errors,
                 "counter_resets": sc.resets,
