@@ -206,6 +206,14 @@ def test_openai_shapes_name_their_engine() -> None:
     assert sg.engine == "sglang" and sg.spec is not None and sg.spec["num_accepted_draft_tokens"] == 2
 
 
+def test_responses_logprobs_give_exact_counts() -> None:
+    tl = timeline_for(0, path="/v1/responses", content_type="text/event-stream")
+    delta = {"type": "response.output_text.delta", "delta": "ab c", "logprobs": [{"token": "ab"}, {"token": " c"}]}
+    tl.feed(1, b"data: " + orjson.dumps(delta) + b"\n\n")
+    r = tl.result(2)
+    assert r.chunks == [(1e-9, 2)] and r.token_source == "token_ids"
+
+
 def test_non_streamed_bodies() -> None:
     cases = [
         (

@@ -8,6 +8,8 @@ name) and a ``sequence_number``:
 ``response.completed`` (or ``response.incomplete``: ``incomplete_details.reason`` is ``max_output_tokens`` when cut,
 or ``response.failed``) whose ``response.usage`` has ``input_tokens``, ``output_tokens`` and
 ``input_tokens_details.cached_tokens``. ``error`` events carry ``code`` and ``message``. No ``[DONE]``.
+vLLM (vllm/entrypoints/openai/responses/simple_streaming_events.py) sends one text delta per engine output, with a
+``logprobs`` entry per token when the request asks for them: then the count per delta is exact.
 """
 
 from __future__ import annotations
@@ -82,11 +84,12 @@ class ResponsesDialect(Dialect):
             return StreamChunk(kind="error", error={"code": obj.get("code"), "message": obj.get("message")})
         if kind in _DELTAS:
             delta = obj.get("delta")
-            return (
-                StreamChunk(kind="chunk", n_choices=1, text=delta)
-                if isinstance(delta, str) and delta
-                else (StreamChunk(kind="chunk"))
-            )
+            if not isinstance(delta, str) or not delta:
+                return StreamChunk(kind="chunk")
+            # with logprobs asked for, vLLM sends one entry per token of the delta: an exact count
+            lps = obj.get("logprobs")
+            n_ids = len(lps) if isinstance(lps, list) and lps else None
+            return StreamChunk(kind="chunk", n_choices=1, text=delta, n_token_ids=n_ids)
         resp = obj.get("response")
         if kind in _ENDS and isinstance(resp, dict):
             return _whole(resp, streamed=True)
