@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
+from specproxy.analysis.aggregate import gaps
 from tests.proxyutil import RunningProxy, running_proxy
 from tests.simutil import CODE_PROMPT, running_sim
 
@@ -120,6 +121,8 @@ async def test_llamacpp_native_and_openai_streams(tmp_path: Path) -> None:
         await px.flush()
         native, oai = px.records()
         t_oai = await _truth(s, sim.url, oai["upstream_id"])
+    steps, tokens = gaps([native, oai])  # type: ignore[list-item]
+    assert steps == [] and len(tokens) == 2 * 39  # per-token events: token gaps, but no step to see
     for rec, t in ((native, t_native), (oai, t_oai)):
         assert rec["engine"] == "llamacpp" and rec["completion_tokens"] == t["completion_tokens"] == 40
         assert len([n for _, n in rec["chunks"] if n > 0]) == 40  # one event per token, steps invisible

@@ -109,6 +109,7 @@ def is_ok(rec: Record) -> bool:
     return rec["outcome"] == "ok"
 
 
+PER_TOKEN_FLAG = "chunks_not_steps_engine"  # the engine streams one event per token (attribution/choice.py)
 # paths that generate, in every dialect the recorder reads (core/dialects)
 GENERATION_PATHS = (
     "completions",
@@ -156,7 +157,8 @@ def gaps(records: Iterable[Record]) -> tuple[list[float], list[float]]:
     tokens: list[float] = []
     for rec in records:
         s, t = step_and_token_gaps(rec["chunks"])
-        steps.extend(s)
+        if PER_TOKEN_FLAG not in rec["flags"]:  # llama.cpp, Ollama: an event per token, no step to see
+            steps.extend(s)
         tokens.extend(t)
     return steps, tokens
 

@@ -299,6 +299,7 @@ class Recorder:
             m.decode_tok_s.labels(w).observe(rec["decode_tok_s"])
         if rec["chunks"]:
             steps, toks = step_and_token_gaps(rec["chunks"])
+            steps = [] if "chunks_not_steps_engine" in rec["flags"] else steps  # one event per token: no steps seen
             step_h, tok_h = m.inter_step.labels(w), m.inter_token.labels(w)
             for g in steps:
                 step_h.observe(g)
