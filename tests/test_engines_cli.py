@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+import pytest
 from simutil import running_sim
 
 from specproxy.core.record import read_records
@@ -21,6 +22,7 @@ async def _cli(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.slow
 async def test_run_ollama_native_and_vllm_then_compare(tmp_path: Path) -> None:
     ollama_out, vllm_out = tmp_path / "ollama.jsonl", tmp_path / "vllm.jsonl"
     common = ("--workload", "code_agent", "--requests", "4", "--max-tokens", "24", "--no-progress")
