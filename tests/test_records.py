@@ -73,7 +73,7 @@ def test_older_schema_is_upgraded_and_newer_refused(tmp_path: Path) -> None:
     v1 = {"schema_version": 1, "request_id": "def", "prompt_tokens": 40, "completion_tokens": 8, "label": "L"}
     rec = parse_line(orjson.dumps(v1))
     assert rec is not None and rec["schema_version"] == SCHEMA_VERSION and rec["cached_tokens"] is None
-    assert rec["engine"] is None and rec["engine_timings"] is None  # versions before 4 did not say which engine answered
+    assert rec["engine"] is None and rec["engine_timings"] is None  # before version 4: engine unknown
     assert (rec["prompt_tokens"], rec["completion_tokens"], rec["label"]) == (40, 8, "L")
     rec = parse_line(orjson.dumps({**v1, "schema_version": 2, "cached_tokens": 32}))
     assert rec is not None and rec["cached_tokens"] == 32

@@ -125,38 +125,23 @@ def _upgrade_0_to_1(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-def _upgrade_1_to_2(rec: dict[str, Any]) -> dict[str, Any]:
-    # Version 2 records the prompt tokens the engine served from its prefix cache; version 1 never read them.
-    rec = dict(rec)
-    rec["cached_tokens"] = None
-    rec["schema_version"] = 2
-    return rec
+def _adding(*fields: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The upgrade to the next version of one that added ``fields``: an older record never knew them (null)."""
 
+    def up(rec: dict[str, Any]) -> dict[str, Any]:
+        return {**rec, **dict.fromkeys(fields), "schema_version": rec.get("schema_version", 0) + 1}
 
-def _upgrade_2_to_3(rec: dict[str, Any]) -> dict[str, Any]:
-    # Version 3 records which conversation and turn a request was; version 2 sent single requests only.
-    rec = dict(rec)
-    rec["conversation"] = None
-    rec["turn"] = None
-    rec["schema_version"] = 3
-    return rec
-
-
-def _upgrade_3_to_4(rec: dict[str, Any]) -> dict[str, Any]:
-    # Version 4 names the engine and keeps its own timings; version 3 spoke to vLLM's OpenAI server only, but did
-    # not say so, so the engine stays unknown.
-    rec = dict(rec)
-    rec["engine"] = None
-    rec["engine_timings"] = None
-    rec["schema_version"] = 4
-    return rec
+    return up
 
 
 _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     0: _upgrade_0_to_1,
-    1: _upgrade_1_to_2,
-    2: _upgrade_2_to_3,
-    3: _upgrade_3_to_4,
+    # 2: the prompt tokens the engine served from its prefix cache; version 1 never read them
+    1: _adding("cached_tokens"),
+    # 3: which conversation and turn a request was; version 2 sent single requests only
+    2: _adding("conversation", "turn"),
+    # 4: the engine and its own timings; version 3 spoke to vLLM's OpenAI server only but did not say so: unknown
+    3: _adding("engine", "engine_timings"),
 }
 
 

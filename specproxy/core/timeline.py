@@ -166,7 +166,7 @@ class ResponseTimeline:
         bearing = 0
         if self._ndjson is not None:
             for line in self._ndjson.feed(data):
-                if self._on_line(t_ns, line):
+                if self._on_event(t_ns, "message", line):  # an NDJSON line reads as an SSE event's data
                     bearing += 1
             buffered = self._ndjson.buffered
         else:
@@ -180,15 +180,6 @@ class ResponseTimeline:
             self._too_large = True
             self._sse = SSEDecoder()
             self._ndjson = NDJSONDecoder() if self._ndjson is not None else None
-
-    def _on_line(self, t_ns: int, line: str) -> bool:
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            self.events += 1
-            self.non_json += 1
-            return False
-        return self._on_parsed(t_ns, self.dialect.json(obj))
 
     def _on_event(self, t_ns: int, event: str, data: str) -> bool:
         return self._on_parsed(t_ns, self.dialect.event(event, data))
@@ -257,7 +248,7 @@ class ResponseTimeline:
         if self.stream:
             if self._ndjson is not None:
                 for line in self._ndjson.flush():  # a last line without its newline still counts
-                    self._on_line(end_ns, line)
+                    self._on_event(end_ns, "message", line)
             for ev in self._sse.flush():  # an event cut off by the end of the stream: what arrived still counts
                 self._on_event(end_ns, ev.event, ev.data)
         elif self._body and not self._body_over:

@@ -22,8 +22,8 @@ import aiohttp
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
-from specproxy.core.errors import one_line
 from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_rate
+from specproxy.core.errors import one_line
 from specproxy.core.prom import NO_SPEC_COUNTERS
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large

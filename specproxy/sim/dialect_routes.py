@@ -16,11 +16,11 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from specproxy.sim.dialect_apis import PATHS, make_api
+from specproxy.sim.dialect_apis import PATHS, llamacpp_timings, make_api
 from specproxy.sim.dialects import Api, Ctx, translate
-from specproxy.sim.records import RequestTruth
+from specproxy.sim.records import RequestTruth, StepOutput
 from specproxy.sim.runtime import OutputQueue, SimRuntime
-from specproxy.sim.wire import ApiError, parse_request
+from specproxy.sim.wire import ApiError, StreamFormatter, parse_request
 
 RuntimeOf = Callable[[web.Request], SimRuntime]
 
@@ -113,13 +113,35 @@ async def _stream(
     return resp
 
 
+PER_TOKEN_DIALECTS = ("ollama", "llamacpp")  # engines that stream one event per token
+
+
+def openai_deltas(
+    dialect: str, fmt: StreamFormatter, truth: RequestTruth, texts: list[str], ids: list[int], out: StepOutput
+) -> list[bytes]:
+    """The OpenAI stream's delta events for one step's output as ``dialect`` sends them: vLLM one event per step;
+    llama.cpp and Ollama one per token (accepted drafts too), llama.cpp with ``timings`` on the final chunk."""
+    events: list[bytes] = []
+    if dialect in PER_TOKEN_DIALECTS:
+        base = out.completion_tokens - len(ids)
+        for i in range(len(ids) - 1):
+            events.append(fmt.delta_event(texts[i], ids[i : i + 1], None, base + i + 1))
+        texts, ids = texts[len(ids) - 1 :], ids[-1:]
+    extra = None
+    if out.finish_reason is not None and dialect == "llamacpp":
+        ctx = Ctx(fmt.response_id, fmt.model, fmt.prompt_tokens, fmt.created)
+        extra = {"timings": llamacpp_timings(ctx, truth, out.completion_tokens)}
+    events.append(fmt.delta_event("".join(texts), ids, out.finish_reason, out.completion_tokens, extra))
+    return events
+
+
 def render_as(dialect: str, registry: CollectorRegistry, k: int) -> bytes:
     """``/metrics`` as SGLang or llama.cpp name it, from the vLLM-named counts in ``registry``.
 
     SGLang (python/sglang/srt/metrics/collector.py): counters ``sglang:prompt_tokens_total``,
     ``sglang:generation_tokens_total``, ``sglang:spec_verify_calls_total``; gauges ``sglang:num_running_reqs``,
     ``sglang:num_queue_reqs``, ``sglang:spec_accept_length``, ``sglang:spec_accept_rate`` (here over everything
-    so far; the engine recomputes them every ``--decode-log-interval`` steps). llama.cpp (tools/server):
+    so far; the engine recomputes them every ``--decode-log-interval`` steps). Ollama serves none (404). llama.cpp:
     ``llamacpp:prompt_tokens_total``, ``llamacpp:tokens_predicted_total``, ``llamacpp:requests_processing``,
     ``llamacpp:requests_deferred`` and the ``llamacpp:spec_decode_*`` counters, without a model label."""
     sums: dict[str, float] = {}

@@ -26,9 +26,7 @@ from aiohttp import web
 from specproxy.core.tokens import approx_token_count
 from specproxy.serving import base_url, start_app
 from specproxy.sim.config import METRICS_FAULTS, SimConfig
-from specproxy.sim.dialect_apis import llamacpp_timings
-from specproxy.sim.dialect_routes import add_dialect_routes, render_as
-from specproxy.sim.dialects import Ctx
+from specproxy.sim.dialect_routes import add_dialect_routes, openai_deltas, render_as
 from specproxy.sim.engine import SimRequest
 from specproxy.sim.faults import Faults, parse_faults
 from specproxy.sim.metrics import CONTENT_TYPE
@@ -50,7 +48,6 @@ log = logging.getLogger(__name__)
 
 RUNTIME = web.AppKey("runtime", SimRuntime)
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
-PER_TOKEN_DIALECTS = ("ollama", "llamacpp")  # engines that stream one event per token
 
 
 class _StreamStopped(Exception):
@@ -232,16 +229,8 @@ async def _stream(
             if not started and fmt.kind == "chat":
                 await send(fmt.role_event())
             started = True
-            if rt.cfg.dialect in PER_TOKEN_DIALECTS:  # one event per token, accepted drafts too
-                base = out.completion_tokens - len(ids)
-                for i in range(len(ids) - 1):
-                    await send(fmt.delta_event(texts[i], ids[i : i + 1], None, base + i + 1))
-                texts, ids = texts[len(ids) - 1 :], ids[-1:]
-            extra = None
-            if out.finish_reason is not None and rt.cfg.dialect == "llamacpp":  # timings on the final chunk
-                ctx = Ctx(req.id, fmt.model, fmt.prompt_tokens, fmt.created)
-                extra = {"timings": llamacpp_timings(ctx, req.truth, out.completion_tokens)}
-            await send(fmt.delta_event("".join(texts), ids, out.finish_reason, out.completion_tokens, extra))
+            for event in openai_deltas(rt.cfg.dialect, fmt, req.truth, texts, ids, out):  # llama.cpp: per token
+                await send(event)
             texts, ids, since_sent = [], [], 0
             if out.finish_reason is not None:
                 break
@@ -262,12 +251,8 @@ async def _metrics(request: web.Request) -> web.Response:
     if rt.metrics_fault == "hang":
         await rt.closing.wait()  # until the client gives up (handler cancelled) or the server stops
         return web.Response(status=503)
-    if rt.cfg.dialect == "ollama":
-        raise web.HTTPNotFound()  # Ollama serves no /metrics
-    if rt.cfg.dialect in ("sglang", "llamacpp"):
-        body = render_as(rt.cfg.dialect, rt.metrics.registry, rt.cfg.k)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
-    return web.Response(body=rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    body = rt.metrics.render() if rt.cfg.dialect == "vllm" else render_as(rt.cfg.dialect, rt.metrics.registry, rt.cfg.k)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _tokenize(request: web.Request) -> web.Response:
