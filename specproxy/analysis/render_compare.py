@@ -36,7 +36,7 @@ def _goodput_cells(r: CompareRow) -> tuple[str, ...]:
 def compare_tables(c: Comparison) -> list[Table]:
     name = "tok/s" if c.metric == "decode" else "output tok/s"
     slo = any(r.goodput is not None for r in c.rows)
-    engines = any(r.engine for r in c.rows)  # records that name their engine (schema 3) get an engine column
+    engines = any(r.engine for r in c.rows)  # records that name their engine (schema 4) get an engine column
     rows = tuple(
         (
             r.workload,
