@@ -63,3 +63,5 @@ async def test_run_ollama_native_and_vllm_then_compare(tmp_path: Path) -> None:
     # a forced engine is recorded as given; a bad one is a one-line usage error
     code, _, err = await _cli("run", "--target", "http://127.0.0.1:9", "--workload", "code_agent", "--engine", "tgi")
     assert code == 2 and "--engine must be one of auto, vllm, sglang, ollama, llamacpp" in err
+    code, _, err = await _cli("proxy", "--upstream", "http://127.0.0.1:9", "--engine", "TGI", "--record", "-")
+    assert code == 2 and err.count("\n") == 1 and "--engine must be one of" in err
