@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from specproxy.core.record import RecordError, parse_line, read_records, record_files
+from specproxy.core.record import SCHEMA_VERSION, RecordError, parse_line, read_records, record_files
 from tests.proxyutil import running_proxy
 from tests.simutil import chat_body, running_sim, split_sse
 from tests.upstreams import Script, start_upstream
@@ -65,19 +65,23 @@ async def test_rotation_keeps_every_record_in_order(tmp_path: Path) -> None:
 def test_older_schema_is_upgraded_and_newer_refused(tmp_path: Path) -> None:
     v0 = {"request_id": "abc", "timeline": [[0.1, 1], [0.2, 3]], "workload": "w"}
     rec = parse_line(orjson.dumps(v0))
-    assert rec is not None and rec["schema_version"] == 3 and rec["chunks"] == [(0.1, 1), (0.2, 3)]
+    assert rec is not None and rec["schema_version"] == SCHEMA_VERSION and rec["chunks"] == [(0.1, 1), (0.2, 3)]
     assert rec["label"] is None and rec["cached_tokens"] is None
     with pytest.raises(RecordError, match="newer"):
         parse_line(orjson.dumps({"request_id": "x", "schema_version": 99}))
     # a version 1 line (no cached_tokens), and a version 2 line that has one
     v1 = {"schema_version": 1, "request_id": "def", "prompt_tokens": 40, "completion_tokens": 8, "label": "L"}
     rec = parse_line(orjson.dumps(v1))
-    assert rec is not None and rec["schema_version"] == 3 and rec["cached_tokens"] is None
+    assert rec is not None and rec["schema_version"] == SCHEMA_VERSION and rec["cached_tokens"] is None
+    assert rec["engine"] is None and rec["engine_timings"] is None  # before version 4: engine unknown
     assert (rec["prompt_tokens"], rec["completion_tokens"], rec["label"]) == (40, 8, "L")
     rec = parse_line(orjson.dumps({**v1, "schema_version": 2, "cached_tokens": 32}))
     assert rec is not None and rec["cached_tokens"] == 32
     rec = parse_line(orjson.dumps({**v1, "schema_version": 2, "cached_tokens": "lots"}))
     assert rec is not None and rec["cached_tokens"] is None  # the wrong type reads as missing
+    v4 = {**v1, "schema_version": 4, "engine": "ollama", "engine_timings": {"decode_tokens": 9, "decode_s": "x"}}
+    rec = parse_line(orjson.dumps(v4))
+    assert rec is not None and rec["engine"] == "ollama" and rec["engine_timings"] == {"decode_tokens": 9}
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(orjson.dumps(v0) + b"\n{oops\n")
     with pytest.raises(RecordError, match=r"bad\.jsonl:2"):

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from specproxy.core.record import read_records
+from specproxy.core.record import SCHEMA_VERSION, read_records
 from specproxy.core.timeline import ResponseTimeline, with_counted_total
 from specproxy.core.tokens import ApproxTokenizer, TokenizerError, load_model_tokenizer
 from tests.proxyutil import proxy_process, running_proxy
@@ -216,7 +216,7 @@ async def test_record_keeps_cached_tokens_of_a_non_streamed_response(tmp_path: P
     finally:
         await up.server.close()
     assert (rec["prompt_tokens"], rec["completion_tokens"], rec["cached_tokens"]) == (50, 7, 48)
-    assert rec["schema_version"] == 3
+    assert rec["schema_version"] == SCHEMA_VERSION
 
 
 # -- bad values --------------------------------------------------------------------------------------------------------

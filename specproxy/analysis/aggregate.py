@@ -18,7 +18,7 @@ from specproxy.analysis.slo import FigureSpec, goodput, percentile_name
 from specproxy.core.record import Record, number
 from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
 
-GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "turn", "path", "method")
+GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "turn", "path", "method", "engine")
 DEFAULT_GROUP_BY = ("workload", "label")
 NONE_KEY = "(none)"
 
@@ -109,10 +109,23 @@ def is_ok(rec: Record) -> bool:
     return rec["outcome"] == "ok"
 
 
+PER_TOKEN_FLAG = "chunks_not_steps_engine"  # the engine streams one event per token (attribution/choice.py)
+# paths that generate, in every dialect the recorder reads (core/dialects)
+GENERATION_PATHS = (
+    "completions",
+    "/api/chat",
+    "/api/generate",
+    "/v1/messages",
+    "/v1/responses",
+    "/completion",
+    "/generate",
+)
+
+
 def generates(rec: Record) -> bool:
     """A generation request (chat or completions), as opposed to a client's /v1/models or /health call, which a
     proxy records too but which has no tok/s or acceptance."""
-    return bool(rec["completion_tokens"]) or rec["path"].endswith("completions")
+    return bool(rec["completion_tokens"]) or rec["path"].endswith(GENERATION_PATHS)
 
 
 def request_tok_s(rec: Record) -> float | None:
@@ -144,7 +157,8 @@ def gaps(records: Iterable[Record]) -> tuple[list[float], list[float]]:
     tokens: list[float] = []
     for rec in records:
         s, t = step_and_token_gaps(rec["chunks"])
-        steps.extend(s)
+        if PER_TOKEN_FLAG not in rec["flags"]:  # llama.cpp, Ollama: an event per token, no step to see
+            steps.extend(s)
         tokens.extend(t)
     return steps, tokens
 

@@ -60,6 +60,7 @@ class CompareRow:
     goodput: Goodput | None = None  # with an SLO: attainment, good requests and tokens per second (medians)
     speedup_ci: Interval | None = None  # 95% bootstrap interval (decode metric; paired when requests pair up)
     acceptance_ci: Interval | None = None
+    engine: str | None = None  # the engine(s) the records name (vllm, sglang, ollama, llamacpp), comma-separated
 
     @property
     def verdict(self) -> str:
@@ -196,6 +197,7 @@ def build_comparison(
                 else None,
                 speedup_ci=speedup_ci,
                 acceptance_ci=_acceptance_ci(grp),
+                engine=", ".join(sorted({e for r in grp if (e := r["engine"])})) or None,
             )
         )
     return Comparison(

@@ -36,10 +36,12 @@ def _goodput_cells(r: CompareRow) -> tuple[str, ...]:
 def compare_tables(c: Comparison) -> list[Table]:
     name = "tok/s" if c.metric == "decode" else "output tok/s"
     slo = any(r.goodput is not None for r in c.rows)
+    engines = any(r.engine for r in c.rows)  # records that name their engine (schema 4) get an engine column
     rows = tuple(
         (
             r.workload,
             r.label + (" (baseline)" if r.is_baseline else ""),
+            *((r.engine or "-",) if engines else ()),
             fmt(r.tok_s.value),
             fmt_spread(r.spread_lo, r.spread_hi),
             fmt_x(r.speedup),
@@ -72,6 +74,7 @@ def compare_tables(c: Comparison) -> list[Table]:
             (
                 "workload",
                 "configuration",
+                *(("engine",) if engines else ()),
                 name,
                 "spread",
                 "speedup",
@@ -85,7 +88,7 @@ def compare_tables(c: Comparison) -> list[Table]:
                 *(("SLO met", "goodput req/s", "goodput tok/s") if slo else ()),
             ),
             rows,
-            ("l", "l", *"r" * 9, "l", *"r" * (3 if slo else 0)),
+            ("l", "l", *("l" * engines), *"r" * 9, "l", *"r" * (3 if slo else 0)),
             tuple(notes),
         )
     ]
@@ -104,6 +107,7 @@ def compare_json(c: Comparison, inputs: Sequence[str] = ()) -> dict[str, Any]:
             {
                 "workload": r.workload,
                 "label": r.label,
+                "engine": r.engine,
                 "is_baseline": r.is_baseline,
                 "requests": r.requests,
                 "errors": r.errors,
@@ -167,6 +171,9 @@ def compare_csv(c: Comparison) -> tuple[list[str], list[list[Any]]]:
     slo = any(r.goodput is not None for r in c.rows)
     if slo:
         headers += ["slo_attainment", "goodput_req_s", "goodput_tok_s"]
+    engines = any(r.engine for r in c.rows)
+    if engines:
+        headers.append("engine")
     rows = []
     for r in c.rows:
         p = r.paired
@@ -197,6 +204,7 @@ def compare_csv(c: Comparison) -> tuple[list[str], list[list[Any]]]:
                 r.acceptance_ci.lo if r.acceptance_ci else None,
                 r.acceptance_ci.hi if r.acceptance_ci else None,
                 *((g.attainment, g.requests_per_s, g.tokens_per_s) if g else (None, None, None) if slo else ()),
+                *((r.engine,) if engines else ()),
             ]
         )
     return headers, rows

@@ -43,6 +43,7 @@ class Evidence:
     counters: CounterAttribution | None = None
     metrics_failing: bool = False  # the engine's /metrics is configured but its scrapes fail
     engine_drafts_partially: bool = False  # the ledger saw fewer drafts than decode steps over all traffic
+    per_token_events: bool = False  # the engine streams one event per token (llama.cpp, Ollama): chunks aren't steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,16 @@ def decide(ev: Evidence) -> Choice:
     tokens = ev.tokens
     k = ev.k
     chunks_are_steps = ev.stream and bool(tokens) and ev.exact_counts and not ev.several_choices
+    if ev.per_token_events and ev.stream and tokens:
+        flags.append("chunks_not_steps_engine")  # no chunk estimate at all: it would read as zero acceptance
+        chunks_are_steps = False
     if chunks_are_steps and k is not None and max(tokens) > round(k) + 1:
         flags.append("stream_interval_suspected")  # more tokens in one chunk than one step can bring
         chunks_are_steps = False
     server = from_server(ev.server_spec) if ev.server_spec else None
     if server is None and ev.llama_timings:
         server = from_llama_timings(ev.llama_timings)
-    chunks = from_chunks(tokens, k) if ev.stream and tokens else None
+    chunks = from_chunks(tokens, k) if ev.stream and tokens and not ev.per_token_events else None
     counters: SpecEstimate | None = None
     alone_drafts: float | None = None  # the counters' drafts, when the request had the engine to itself
     if ev.counters is not None:

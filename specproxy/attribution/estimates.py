@@ -72,11 +72,14 @@ def per_position_from_steps(accepted_per_step: Iterable[int], k: int) -> tuple[f
 
 
 def from_server(spec: Mapping[str, Any]) -> SpecEstimate | None:
-    """vLLM ``metrics.speculative_decoding`` (0.29+), summary or detailed."""
+    """vLLM ``metrics.speculative_decoding`` (0.29+), summary or detailed; SGLang's ``meta_info`` in the same keys
+    (:func:`specproxy.core.dialects.native.sglang_spec`), whose draft tokens may be unknown (older SGLang) and
+    whose accepted count may be ``derived`` from the token and step counts (then not exact)."""
     try:
         accepted = float(spec["num_accepted_draft_tokens"])
         drafts = float(spec["num_spec_steps"])
-        draft_tokens = float(spec["num_draft_tokens"])
+        raw_draft_tokens = spec["num_draft_tokens"]
+        draft_tokens = float(raw_draft_tokens) if raw_draft_tokens is not None or "engine" not in spec else 0.0
     except (KeyError, TypeError, ValueError):
         return None
     k_raw = spec.get("num_spec_tokens")
@@ -89,7 +92,12 @@ def from_server(spec: Mapping[str, Any]) -> SpecEstimate | None:
     elif isinstance(hist, list) and len(hist) > 1:
         # histogram[i] = steps that accepted exactly i drafts; position i was accepted by steps with more than i
         per_pos = tuple(float(sum(hist[i + 1 :])) for i in range(len(hist) - 1))
-    return SpecEstimate(SpecCounts(accepted, drafts, draft_tokens, per_pos), float(k) if k else None)
+    return SpecEstimate(
+        SpecCounts(accepted, drafts, draft_tokens, per_pos),
+        float(k) if k else None,
+        exact=not spec.get("derived"),
+        draft_tokens_known=raw_draft_tokens is not None,
+    )
 
 
 def from_llama_timings(timings: Mapping[str, Any]) -> SpecEstimate | None:

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from specproxy.core.dialects.engine import ENGINE_CHOICES
+
 CaptureOpt = Annotated[str, typer.Option("--capture", help="What records keep: none, request, full.")]
 MetricsUrlOpt = Annotated[
     str, typer.Option("--metrics-url", help="Engine Prometheus URL (default TARGET/metrics; 'none' to skip).")
@@ -30,3 +32,17 @@ TokenizerOpt = Annotated[
         "the engine's own POST /tokenize, once per response. Nothing is downloaded.",
     ),
 ]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="The engine behind the URL: auto (tell it from responses, /metrics and its well-known paths, and record "
+        "what was found), vllm, sglang, ollama or llamacpp.",
+    ),
+]
+
+
+def check_engine(value: str) -> str:
+    if value not in ENGINE_CHOICES:
+        raise typer.BadParameter(f"--engine must be one of {', '.join(ENGINE_CHOICES)}, got {value!r}")
+    return value

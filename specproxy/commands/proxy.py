@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import typer
 
 from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
-from specproxy.commands.options import KOpt, TokenizerOpt
+from specproxy.commands.options import EngineOpt, KOpt, TokenizerOpt, check_engine
 from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_tokenizer
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
@@ -120,9 +120,11 @@ def register(app: typer.Typer) -> None:
         ),
         fail_closed: bool = typer.Option(False, "--fail-closed", help="Refuse traffic (503) when records fail."),
         log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+        engine: EngineOpt = "auto",
     ) -> None:
         """Transparent recording proxy in front of vLLM (or any OpenAI-compatible engine)."""
         up = check_url(upstream, "--upstream")
+        check_engine(engine)
         host, port = parse_listen(listen)
         if capture not in CAPTURES:
             raise typer.BadParameter(f"--capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
@@ -188,6 +190,8 @@ def register(app: typer.Typer) -> None:
                 max_pending_bytes=record_buffer_bytes,
                 tokenizer=tokenizer,
                 tokenize_url=tokenize_url(tokenizer, up),
+                engine=engine,
+                probe_url=up,
             ),
             rules=parsed_rules,
             connect_timeout_s=connect_timeout,

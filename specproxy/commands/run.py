@@ -15,17 +15,20 @@ from specproxy.commands.options import (
     ApiKeyOpt,
     CaptureOpt,
     ConnectTimeoutOpt,
+    EngineOpt,
     IdleTimeoutOpt,
     KOpt,
     MetricsUrlOpt,
     ProgressOpt,
     TokenizerOpt,
     WaitReadyOpt,
+    check_engine,
 )
 from specproxy.commands.proxy import CAPTURES, check_tokenizer, check_url, tokenize_url
 from specproxy.core.record import RecordError, read_records
 from specproxy.core.schedule import ARRIVALS, check_schedule
 from specproxy.exitcodes import EXIT_FAILURE
+from specproxy.loadgen.dialect_bodies import DIALECT_ENDPOINTS
 from specproxy.loadgen.plan import ENDPOINTS, BodyOptions, parse_shard, plan_run_id
 from specproxy.loadgen.replay import plan_replay
 from specproxy.loadgen.runner import LoadSpec
@@ -129,7 +132,10 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(1, "--workers", help="Processes to spread the load over."),
         shard: str = typer.Option("0/1", "--shard", help="Run part i of N of the plan (e.g. 2/8)."),
         model: str | None = typer.Option(None, "--model", help="Model to request (default: first of /v1/models)."),
-        endpoint: str = typer.Option("chat", "--endpoint", help="chat or completions."),
+        endpoint: str = typer.Option(
+            "chat", "--endpoint", help=f"chat, completions or another engine API: {', '.join(DIALECT_ENDPOINTS)}."
+        ),
+        engine: EngineOpt = "auto",
         capture: CaptureOpt = "request",
         metrics_url: MetricsUrlOpt = "",
         k: KOpt = None,
@@ -177,8 +183,10 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(str(e)) from None
         elif arrival not in ARRIVALS:
             raise typer.BadParameter(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
-        if endpoint not in ENDPOINTS:
-            raise typer.BadParameter(f"--endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+        if endpoint not in ENDPOINTS and endpoint not in DIALECT_ENDPOINTS:
+            names = ", ".join([*ENDPOINTS, *DIALECT_ENDPOINTS])
+            raise typer.BadParameter(f"--endpoint must be one of {names}, got {endpoint!r}")
+        check_engine(engine)
         if capture not in CAPTURES:
             raise typer.BadParameter(f"--capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
         if temperature is not None and temperature < 0:
@@ -238,6 +246,8 @@ def register(app: typer.Typer) -> None:
                 run_id=rid or _new_id(),
                 tokenizer=tokenizer,
                 tokenize_url=tokenize_url(tokenizer, tgt),
+                engine=engine,
+                probe_url=tgt,
             ),
             seed=seed,
             requests=n_requests,

@@ -47,6 +47,9 @@ def register(app: typer.Typer) -> None:
         ),
         profiles: Path | None = typer.Option(None, "--profiles", help="JSON file of acceptance profiles."),
         max_tokens: int = typer.Option(256, "--default-max-tokens", help="max_tokens when a request sends none."),
+        dialect: str = typer.Option(
+            "vllm", "--dialect", help="Engine to pose as: vllm, sglang, ollama, llamacpp (/metrics, headers)."
+        ),
     ) -> None:
         """Simulated vLLM with speculative decoding and readable ground truth (GET /sim/requests/{id})."""
         host, port = parse_listen(listen)
@@ -68,6 +71,7 @@ def register(app: typer.Typer) -> None:
             compute_s_per_token=compute_s_per_token,
             default_max_tokens=max_tokens,
             prompt_tokens_details=prompt_tokens_details,
+            dialect=dialect,
         )
         if not prefix_caching:
             cfg = replace(cfg, prefix_cache_entries=0)

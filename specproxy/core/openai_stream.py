@@ -34,6 +34,9 @@ class StreamChunk:
     max_index: int = 0  # the highest choice index: above 0 means n > 1, several sequences per request
     spec: dict[str, Any] | None = None  # vLLM ``metrics.speculative_decoding``
     llama_timings: dict[str, Any] | None = None  # llama.cpp ``timings`` (draft_n / draft_n_accepted)
+    engine_timings: dict[str, float] | None = None  # the engine's own timings, normalised (core.dialects.engine)
+    engine: str | None = None  # the engine this event's shape names, when it names one
+    final: bool = False  # the dialect's last event of a response (Ollama ``done``, llama.cpp ``stop``, ...)
     error: Any = None
     raw: str | None = None  # kept for non-JSON data only
 
@@ -133,6 +136,11 @@ def interpret_json(obj: Any) -> StreamChunk:
     timings = obj.get("timings")
     model = obj.get("model")
     rid = obj.get("id")
+    engine = "vllm" if spec is not None or n_ids is not None or "kv_transfer_params" in obj else None
+    if obj.get("system_fingerprint") == "fp_ollama":  # Ollama's OpenAI-compatible endpoint says so on every chunk
+        engine = "ollama"
+    if isinstance(timings, dict):
+        engine = "llamacpp"
     return StreamChunk(
         kind="chunk",
         id=rid if isinstance(rid, str) else None,
@@ -149,6 +157,8 @@ def interpret_json(obj: Any) -> StreamChunk:
         max_index=max_index,
         spec=spec,
         llama_timings=timings if isinstance(timings, dict) else None,
+        engine_timings=llamacpp_timings(timings) if isinstance(timings, dict) else None,
+        engine=engine,
     )
 
 
@@ -162,3 +172,21 @@ def interpret(data: str) -> StreamChunk:
     except orjson.JSONDecodeError:
         return StreamChunk(kind="non_json", raw=data)
     return interpret_json(obj)
+
+
+def llamacpp_timings(t: dict[str, Any]) -> dict[str, float]:
+    """llama.cpp's ``timings`` (tools/server: ``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, and
+    ``draft_n`` / ``draft_n_accepted`` when it drafted) in the record's units: tokens and seconds."""
+    out: dict[str, float] = {}
+    for key, name, scale in (
+        ("prompt_n", "prompt_tokens", 1.0),
+        ("prompt_ms", "prompt_s", 1e-3),
+        ("predicted_n", "decode_tokens", 1.0),
+        ("predicted_ms", "decode_s", 1e-3),
+        ("draft_n", "draft_tokens", 1.0),
+        ("draft_n_accepted", "draft_accepted", 1.0),
+    ):
+        v = t.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
+            out[name] = v * scale
+    return out

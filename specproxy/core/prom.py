@@ -236,6 +236,10 @@ def detect_engine(snapshot: Snapshot) -> str:
     return "unknown"
 
 
+# Engines whose /metrics have no accepted-token counter (SGLang: gauges only): their deltas attribute nothing.
+NO_SPEC_COUNTERS = frozenset({"sglang"})
+
+
 def spec_counters(engine: str, values: Mapping[SeriesKey, float]) -> SpecCounters:
     """Read the speculative figures of ``engine`` (see :func:`detect_engine`) from snapshot or delta values."""
     f = family_sum
@@ -273,9 +277,11 @@ def spec_counters(engine: str, values: Mapping[SeriesKey, float]) -> SpecCounter
             prompt_tokens=f(values, "llamacpp:prompt_tokens_total"),
         )
     if engine == "sglang":
+        # SGLang counts verify calls but publishes acceptance only as gauges: with no accepted counter there is
+        # nothing to share per request (its per-request meta_info is the source), so no drafts either.
         return SpecCounters(
             engine=engine,
-            drafts=f(values, "sglang:spec_verify_calls_total"),
+            drafts=None,
             draft_tokens=None,
             accepted=None,
             generation_tokens=f(values, "sglang:generation_tokens_total"),

@@ -18,7 +18,7 @@ from typing import Any, NotRequired, TypedDict
 
 import orjson
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -103,6 +103,10 @@ class Record(TypedDict):
     replay_of: str | None
     conversation: str | None  # the conversation a multi-turn request belongs to (load generator), else None
     turn: int | None  # its turn in that conversation, from 1
+    engine: str | None  # vllm, sglang, ollama, llamacpp (--engine, or what auto-detection found); None: unknown
+    # The engine's own counts and durations (Ollama eval_*/prompt_eval_*, llama.cpp timings), tokens and seconds:
+    # prompt_tokens, prompt_s, decode_tokens, decode_s, load_s, total_s, draft_tokens, draft_accepted.
+    engine_timings: dict[str, float] | None
     # Optional, not written by the recorder: a measured figure a user may add for `specproxy roofline`.
     read_bytes_per_token: NotRequired[float | None]
 
@@ -121,27 +125,23 @@ def _upgrade_0_to_1(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-def _upgrade_1_to_2(rec: dict[str, Any]) -> dict[str, Any]:
-    # Version 2 records the prompt tokens the engine served from its prefix cache; version 1 never read them.
-    rec = dict(rec)
-    rec["cached_tokens"] = None
-    rec["schema_version"] = 2
-    return rec
+def _adding(*fields: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The upgrade to the next version of one that added ``fields``: an older record never knew them (null)."""
 
+    def up(rec: dict[str, Any]) -> dict[str, Any]:
+        return {**rec, **dict.fromkeys(fields), "schema_version": rec.get("schema_version", 0) + 1}
 
-def _upgrade_2_to_3(rec: dict[str, Any]) -> dict[str, Any]:
-    # Version 3 records which conversation and turn a request was; version 2 sent single requests only.
-    rec = dict(rec)
-    rec["conversation"] = None
-    rec["turn"] = None
-    rec["schema_version"] = 3
-    return rec
+    return up
 
 
 _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     0: _upgrade_0_to_1,
-    1: _upgrade_1_to_2,
-    2: _upgrade_2_to_3,
+    # 2: the prompt tokens the engine served from its prefix cache; version 1 never read them
+    1: _adding("cached_tokens"),
+    # 3: which conversation and turn a request was; version 2 sent single requests only
+    2: _adding("conversation", "turn"),
+    # 4: the engine and its own timings; version 3 spoke to vLLM's OpenAI server only but did not say so: unknown
+    3: _adding("engine", "engine_timings"),
 }
 
 
@@ -328,6 +328,12 @@ def _overhead(v: Any) -> Overhead | None:
     return Overhead(mean=mean, max=peak, count=count)
 
 
+def _timings(v: Any) -> dict[str, float] | None:
+    if not isinstance(v, Mapping):
+        return None
+    return {str(k): n for k, x in v.items() if (n := number(x)) is not None}
+
+
 def as_record(obj: Mapping[str, Any]) -> Record:
     """A record of the current version with every field of its type: what a reader may rely on. A value of the wrong
     type reads as missing (null, zero, false or empty); the request's id is the one field that must be there."""
@@ -376,6 +382,8 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         replay_of=_str(obj.get("replay_of")),
         conversation=_str(obj.get("conversation")),
         turn=_int(obj.get("turn")),
+        engine=_str(obj.get("engine")),
+        engine_timings=_timings(obj.get("engine_timings")),
     )
     if "read_bytes_per_token" in obj:
         rec["read_bytes_per_token"] = number(obj["read_bytes_per_token"])

@@ -1,8 +1,9 @@
 """The timeline of one response as a recorder sees it: every upstream read, every SSE event, their token counts.
 
 Pure: times come in as ``perf_counter_ns`` integers from the caller, bytes come in as they were read. Per read the
-work is one SSE scan and one small JSON parse per event (:func:`specproxy.core.openai_stream.interpret`); nothing is
-re-serialised. :meth:`ResponseTimeline.result` turns it into the figures a record needs.
+work is one SSE (or NDJSON) scan and one small JSON parse per event, read by the response's wire dialect
+(:mod:`specproxy.core.dialects`: OpenAI, SGLang and llama.cpp native, Ollama, Anthropic Messages, OpenAI Responses);
+nothing is re-serialised. :meth:`ResponseTimeline.result` turns it into the figures a record needs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from typing import Any
 
 import orjson
 
-from specproxy.core.openai_stream import StreamChunk, interpret, interpret_json
+from specproxy.core.dialects import Dialect, dialect_for, stream_framing
+from specproxy.core.dialects.engine import PER_TOKEN_ENGINES
+from specproxy.core.ndjson import NDJSONDecoder
+from specproxy.core.openai_stream import StreamChunk
 from specproxy.core.sse import SSEDecoder
 from specproxy.core.stats import decode_tok_s
 from specproxy.core.tokens import ChunkTokenCounter, Tokenizer, TokenSource
@@ -53,6 +57,9 @@ class TimelineResult:
     response_text: str | None
     text_complete: bool  # response_text holds every character of the response (not cut at TEXT_CAPTURE_LIMIT)
     flags: list[str] = field(default_factory=list)
+    dialect: str = "openai"
+    engine_hint: str | None = None  # the engine the response's shape names (core.dialects.engine)
+    engine_timings: dict[str, float] | None = None  # the engine's own counts and durations (tokens, seconds)
 
 
 class ResponseTimeline:
@@ -66,9 +73,13 @@ class ResponseTimeline:
         tokenizer: Tokenizer | None = None,
         keep_text: bool = False,
         content_encoding: str | None = None,
+        dialect: Dialect | None = None,
+        framing: str = "sse",
     ):
         self.start_ns = start_ns
         self.stream = stream
+        self.dialect = dialect or dialect_for("")
+        self._ndjson = NDJSONDecoder() if framing == "ndjson" else None
         # The proxy relays bytes as they came (compressed or not); the recorder reads a decompressed copy.
         enc = (content_encoding or "").strip().lower()
         self._inflate: Any = None
@@ -107,6 +118,8 @@ class ResponseTimeline:
         self._timings: dict[str, Any] | None = None
         self._error: Any = None
         self._sum_tokens = 0
+        self._engine: str | None = None
+        self._engine_timings: dict[str, float] | None = None
 
     @property
     def finish_reason(self) -> str | None:
@@ -114,8 +127,9 @@ class ResponseTimeline:
 
     @property
     def exact_counts(self) -> bool:
-        """Whether every chunk count so far came from the server (usage deltas or token ids)."""
-        return all(src in ("usage", "token_ids") for src in self._sources)
+        """Whether every chunk count so far came from the server (usage deltas or token ids), from an engine whose
+        chunks are steps: llama.cpp and Ollama send one event per token, so a count per event says nothing of steps."""
+        return self._engine not in PER_TOKEN_ENGINES and all(src in ("usage", "token_ids") for src in self._sources)
 
     def reply_text(self) -> str | None:
         """The streamed reply's text when it was kept whole (``keep_text``) and is not empty, else None: what a
@@ -150,18 +164,28 @@ class ResponseTimeline:
         if self._too_large:
             return
         bearing = 0
-        for ev in self._sse.feed(data):
-            if self._on_event(t_ns, ev.data):
-                bearing += 1
+        if self._ndjson is not None:
+            for line in self._ndjson.feed(data):
+                if self._on_event(t_ns, "message", line):  # an NDJSON line reads as an SSE event's data
+                    bearing += 1
+            buffered = self._ndjson.buffered
+        else:
+            for ev in self._sse.feed(data):
+                if self._on_event(t_ns, ev.event, ev.data):
+                    bearing += 1
+            buffered = self._sse.buffered
         if bearing > 1:
             self.multi_event_reads += 1
-        if self._sse.buffered > EVENT_PARSE_LIMIT:  # an endless line: bound the recorder's memory
+        if buffered > EVENT_PARSE_LIMIT:  # an endless line: bound the recorder's memory
             self._too_large = True
             self._sse = SSEDecoder()
+            self._ndjson = NDJSONDecoder() if self._ndjson is not None else None
 
-    def _on_event(self, t_ns: int, data: str) -> bool:
+    def _on_event(self, t_ns: int, event: str, data: str) -> bool:
+        return self._on_parsed(t_ns, self.dialect.event(event, data))
+
+    def _on_parsed(self, t_ns: int, c: StreamChunk) -> bool:
         self.events += 1
-        c = interpret(data)
         if c.kind == "done":
             self.done = True
             return False
@@ -176,6 +200,12 @@ class ResponseTimeline:
     def _on_chunk(self, t_ns: int, c: StreamChunk) -> bool:
         if c.id and self._id is None:
             self._id = c.id
+        if c.engine is not None:
+            self._engine = c.engine
+        if c.engine_timings:
+            self._engine_timings = c.engine_timings
+        if c.final:
+            self.done = True
         if c.max_index > 0:
             self.several_choices = True
         if c.finish_reason and self._finish is None:
@@ -216,8 +246,11 @@ class ResponseTimeline:
     # -- result ------------------------------------------------------------------------------------------------------
     def result(self, end_ns: int) -> TimelineResult:
         if self.stream:
+            if self._ndjson is not None:
+                for line in self._ndjson.flush():  # a last line without its newline still counts
+                    self._on_event(end_ns, "message", line)
             for ev in self._sse.flush():  # an event cut off by the end of the stream: what arrived still counts
-                self._on_event(end_ns, ev.data)
+                self._on_event(end_ns, ev.event, ev.data)
         elif self._body and not self._body_over:
             self._parse_body(end_ns)
         prompt_tokens, usage_completion = self._final_usage
@@ -274,6 +307,9 @@ class ResponseTimeline:
             response_text="".join(self._text) if self._keep_text else None,
             text_complete=self._keep_text and not self._text_cut,
             flags=flags,
+            dialect=self.dialect.name,
+            engine_hint=self._engine,
+            engine_timings=self._engine_timings,
         )
 
     def _parse_body(self, end_ns: int) -> None:
@@ -282,13 +318,16 @@ class ResponseTimeline:
         except orjson.JSONDecodeError:
             self.non_json += 1
             return
-        c = interpret_json(obj)
+        c = self.dialect.json(obj)
+        if c.engine is not None:
+            self._engine = c.engine
         if c.kind == "error":
             self._error = c.error
             return
         if c.kind != "chunk":
             return
         self.done = True
+        self._engine_timings = c.engine_timings
         self._id = c.id
         self._finish = c.finish_reason
         self._spec = c.spec
@@ -301,6 +340,29 @@ class ResponseTimeline:
             self._text_cut = len(c.text) > TEXT_CAPTURE_LIMIT
         if c.completion_tokens:
             self.first_token_ns = self.last_token_ns = end_ns
+
+
+def timeline_for(
+    start_ns: int,
+    *,
+    path: str,
+    content_type: str | None,
+    tokenizer: Tokenizer | None = None,
+    keep_text: bool = False,
+    content_encoding: str | None = None,
+) -> ResponseTimeline:
+    """The timeline of a response to ``path`` whose headers say ``content_type``: streamed when it is an event stream
+    (SSE) or NDJSON, read in the dialect of its path (:func:`specproxy.core.dialects.dialect_for`)."""
+    framing = stream_framing(content_type)
+    return ResponseTimeline(
+        start_ns,
+        stream=framing is not None,
+        tokenizer=tokenizer,
+        keep_text=keep_text,
+        content_encoding=content_encoding,
+        dialect=dialect_for(path),
+        framing=framing or "sse",
+    )
 
 
 def with_counted_total(tl: TimelineResult, total: int, source: TokenSource) -> TimelineResult:

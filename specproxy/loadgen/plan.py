@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, TypeVar
 
+from specproxy.loadgen.dialect_bodies import DIALECT_ENDPOINTS, dialect_body
 from specproxy.workloads import Workload, WorkloadItem
 
 T = TypeVar("T")
@@ -135,7 +136,7 @@ def request_body(workload: Workload, item: WorkloadItem, opts: BodyOptions) -> t
             "stream": True,
             "stream_options": dict(STREAM_OPTIONS),
         }
-    return ENDPOINTS["chat"], {
+    chat = {
         "model": opts.model,
         "messages": [dict(m) for m in item.messages],
         "max_tokens": max_tokens,
@@ -144,6 +145,9 @@ def request_body(workload: Workload, item: WorkloadItem, opts: BodyOptions) -> t
         "stream_options": dict(STREAM_OPTIONS),
         "chat_template_kwargs": {"enable_thinking": bool(opts.thinking)},
     }
+    if opts.endpoint in DIALECT_ENDPOINTS:  # another engine API: the same request, in its words
+        return dialect_body(opts.endpoint, chat)
+    return ENDPOINTS["chat"], chat
 
 
 def plan_order(sizes: Sequence[int], seed: int | None) -> Iterator[tuple[int, int]]:

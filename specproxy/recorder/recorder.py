@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,47 +22,25 @@ import aiohttp
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
+from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_rate
 from specproxy.core.errors import one_line
+from specproxy.core.prom import NO_SPEC_COUNTERS
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
 from specproxy.core.stats import step_and_token_gaps
 from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, SERVER_TOKENIZER, Tokenizer, load_model_tokenizer
+from specproxy.recorder.config import RecorderConfig as RecorderConfig  # re-exported: its old home
+from specproxy.recorder.engine_probe import EngineIdentity
 from specproxy.recorder.metrics import OwnMetrics
 from specproxy.recorder.scraper import Scraper
-from specproxy.recorder.sink import DEFAULT_MAX_PENDING_BYTES, RecordSink
+from specproxy.recorder.sink import RecordSink
 from specproxy.recorder.tokenize import ServerTokenizer
 from specproxy.recorder.trace import RequestMeta, Trace
 
 log = logging.getLogger("specproxy.recorder")
 
 ZERO_ACCEPTANCE_MIN_DRAFT_TOKENS = 100
-
-
-@dataclass(frozen=True, slots=True)
-class RecorderConfig:
-    record_path: str | None = None
-    metrics_url: str | None = None
-    label: str | None = None
-    capture: str = "request"  # none | request | full
-    # A request body over this many bytes is relayed as it is but neither parsed nor captured (bounded work per
-    # request: parsing costs per element, and a body of millions of tiny elements froze every stream for seconds).
-    capture_max_bytes: int = 1024 * 1024
-    k: int | None = None  # num_speculative_tokens, when known; else learned from the counters
-    scrape_interval_s: float = 0.25
-    scrape_timeout_s: float = 2.0
-    scrape_min_gap_s: float = 0.1  # the floor between two scrapes, however many requests end
-    finalize_wait_s: float = 5.0  # how long a finished request waits for its closing scrape
-    # Without exact token counts, overlapping requests share counter deltas through a per-workload acceptance
-    # model that improves with every scrape interval: their records wait for it to settle up to this long.
-    calibration_hold_s: float = 60.0
-    rotate_bytes: int = 256 * 1024 * 1024
-    # Rotated files kept (0: all). Runs keep all, since they read their records back; the proxy's --rotate-keep sets it.
-    rotate_keep: int = 0
-    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES  # records waiting for the disk; past it they are lost
-    run_id: str | None = None
-    tokenizer: str | None = None  # --tokenizer: a tokenizer.json to count text with, or "server" (tokenize_url)
-    tokenize_url: str | None = None
 
 
 class Recorder:
@@ -79,6 +56,7 @@ class Recorder:
         if tokenizer is None and config.tokenizer and config.tokenizer != SERVER_TOKENIZER:
             tokenizer = load_model_tokenizer(config.tokenizer)  # the command checked it: a cached load
         self.tokenizer = tokenizer
+        self.engine = EngineIdentity(session, config.engine, config.probe_url)
         self.metrics = OwnMetrics()
         self.ledger = CounterLedger()
         self.run_id = config.run_id or uuid.uuid4().hex[:12]
@@ -113,6 +91,7 @@ class Recorder:
     async def start(self) -> None:
         await self.sink.start()
         await self.scraper.start()
+        self.engine.start()
 
     def begin(self, meta: RequestMeta, *, keep_text: bool = False) -> Trace:
         self.in_flight += 1
@@ -197,6 +176,8 @@ class Recorder:
         rec["e2e_s"] = (end_ns - meta.start_ns) / 1e9
         if tl is None:
             return rec
+        engine = rec["engine"] = self.engine.of(tl.engine_hint, self.scraper.state.engine)
+        counters = None if self.scraper.state.engine in NO_SPEC_COUNTERS else counters  # gauges only: no share
         choice = decide(
             Evidence(
                 stream=tl.stream,
@@ -209,6 +190,7 @@ class Recorder:
                 counters=counters,
                 metrics_failing=self.scraper.enabled and self.scraper.state.errors > 0,
                 engine_drafts_partially=self.ledger.partial_drafting,
+                per_token_events=engine in PER_TOKEN_ENGINES,
             )
         )
         flags = [*rec["flags"], *tl.flags, *choice.flags]
@@ -224,6 +206,10 @@ class Recorder:
         rec["token_source"] = tl.token_source
         rec["ttft_s"] = tl.ttft_s
         rec["decode_tok_s"] = tl.decode_tok_s
+        rec["engine_timings"] = tl.engine_timings
+        if (rate := decode_rate(tl.engine_timings)) is not None:  # the engine timed its decoding (Ollama, llama.cpp)
+            rec["decode_tok_s"] = rate
+            flags.append("decode_rate_from_engine")
         rec["tpot_s"] = tl.tpot_s
         rec["upstream_headers_s"] = (trace.headers_ns - meta.start_ns) / 1e9 if trace.headers_ns else None
         rec["chunks"] = [(round(t, 6), n) for t, n in tl.chunks]
@@ -295,6 +281,8 @@ class Recorder:
             "replay_of": meta.replay_of,
             "conversation": meta.conversation,
             "turn": meta.turn,
+            "engine": self.engine.of(None, self.scraper.state.engine),
+            "engine_timings": None,
         }
 
     def _observe(self, rec: Record) -> None:
@@ -311,6 +299,7 @@ class Recorder:
             m.decode_tok_s.labels(w).observe(rec["decode_tok_s"])
         if rec["chunks"]:
             steps, toks = step_and_token_gaps(rec["chunks"])
+            steps = [] if "chunks_not_steps_engine" in rec["flags"] else steps  # one event per token: no steps seen
             step_h, tok_h = m.inter_step.labels(w), m.inter_token.labels(w)
             for g in steps:
                 step_h.observe(g)
@@ -353,6 +342,8 @@ class Recorder:
             "workloads": workloads,
             "engine": {
                 "kind": sc.engine,
+                "name": self.engine.of(None, sc.engine),  # --engine, or what auto-detection found
+                "acceptance_length_gauge": sc.accept_length_gauge,
                 "scrapes_ok": sc.ok,
                 "scrape_errors": sc.errors,
                 "counter_resets": sc.resets,
@@ -380,6 +371,7 @@ class Recorder:
     async def close(self) -> None:
         """Finish every pending record (their closing scrapes included), then flush the sink."""
         self._calibrated.set()  # records held for the acceptance model take it as it stands
+        await self.engine.close()
         if self._finalizers:
             await asyncio.gather(*list(self._finalizers), return_exceptions=True)
         await self.scraper.close()

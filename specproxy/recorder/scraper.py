@@ -52,6 +52,17 @@ class ScrapeState:
     cumulative: SpecCounters | None = None  # sum of settled deltas since the first scrape
     running: float | None = None
     waiting: float | None = None
+    accept_length_gauge: float | None = None  # SGLang's sglang:spec_accept_length (a gauge, not a delta)
+    accept_rate_gauge: float | None = None
+
+
+# Requests running and waiting, in each engine's names (SGLang: python/sglang/srt/metrics/collector.py;
+# llama.cpp: tools/server/server.cpp)
+QUEUE_GAUGES = {
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+}
 
 
 class Scraper:
@@ -187,8 +198,12 @@ class Scraper:
             if self._on_settle is not None:
                 self._on_settle()
             self._accumulate(counters)
-        self.state.running = gauge(snap, "vllm:num_requests_running")
-        self.state.waiting = gauge(snap, "vllm:num_requests_waiting")
+        running, waiting = QUEUE_GAUGES.get(self.state.engine, QUEUE_GAUGES["vllm"])
+        self.state.running = gauge(snap, running)
+        self.state.waiting = gauge(snap, waiting)
+        if self.state.engine == "sglang":  # acceptance as SGLang publishes it: gauges, recomputed every few steps
+            self.state.accept_length_gauge = gauge(snap, "sglang:spec_accept_length")
+            self.state.accept_rate_gauge = gauge(snap, "sglang:spec_accept_rate")
         self._last = snap
         return True
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specproxy.attribution.ledger import CounterLedger
-from specproxy.core.timeline import ResponseTimeline
+from specproxy.core.timeline import ResponseTimeline, timeline_for
 from specproxy.core.tokens import Tokenizer
 
 
@@ -74,10 +74,10 @@ class Trace:
     def response_started(self, status: int, content_type: str | None, content_encoding: str | None = None) -> None:
         self.status = status
         self.headers_ns = time.perf_counter_ns()
-        stream = bool(content_type and content_type.split(";", 1)[0].strip().lower() == "text/event-stream")
-        self.timeline = ResponseTimeline(
+        self.timeline = timeline_for(  # the path picks the wire dialect, the content type whether it streams
             self.meta.start_ns,
-            stream=stream,
+            path=self.meta.path,
+            content_type=content_type,
             tokenizer=self._tokenizer,
             keep_text=self._keep_text,
             content_encoding=content_encoding,

@@ -39,6 +39,7 @@ from specproxy.sim.faults import parse_faults
 SPEC_METHODS: tuple[str, ...] = ("none", "mtp", "ngram", "eagle", "draft_model")
 CORPORA: tuple[str, ...] = ("code", "ja", "en")
 METRICS_FAULTS: tuple[str, ...] = ("none", "fail", "hang")
+SIM_DIALECTS: tuple[str, ...] = ("vllm", "sglang", "ollama", "llamacpp")  # the engine the server poses as
 PER_REQUEST_METRICS: tuple[str, ...] = ("summary", "detailed")
 
 
@@ -122,6 +123,7 @@ class SimConfig:
     max_model_len: prompt_tokens + max_tokens may not exceed this (400 otherwise, like vLLM).
     truth_capacity: most per-request ground-truth records kept (oldest dropped first).
     system_fingerprint: value of `system_fingerprint` on final chunks and non-streaming bodies.
+    dialect: which engine the server poses as (sim/dialects.py): its /metrics names, Server header, probe paths.
     """
 
     host: str = "127.0.0.1"
@@ -152,6 +154,7 @@ class SimConfig:
     max_model_len: int = 32768
     truth_capacity: int = 100_000
     system_fingerprint: str = "vllm-0.32.0-specsim"
+    dialect: str = "vllm"
 
     @property
     def speculative(self) -> bool:
@@ -189,6 +192,8 @@ class SimConfig:
             raise ValueError(f"speed must be a positive number, got {self.speed}")
         if self.keepalive_s is not None and not self.keepalive_s > 0:
             raise ValueError(f"keepalive_s must be positive, got {self.keepalive_s}")
+        if self.dialect not in SIM_DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(SIM_DIALECTS)}, got {self.dialect!r}")
         if self.metrics_fault not in METRICS_FAULTS:
             raise ValueError(f"metrics_fault must be one of {', '.join(METRICS_FAULTS)}, got {self.metrics_fault!r}")
         if self.per_request_spec_metrics not in (None, *PER_REQUEST_METRICS):

@@ -1,7 +1,9 @@
 """The simulator's HTTP face: an aiohttp app speaking vLLM 0.32's OpenAI API, /metrics and /sim/* truth.
 
 Endpoints: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics, and for tests
-GET /sim/requests, GET /sim/requests/{id}, GET /sim/truth, POST /sim/faults, POST /sim/reset-counters.
+GET /sim/requests, GET /sim/requests/{id}, GET /sim/truth, POST /sim/faults, POST /sim/reset-counters; the other
+dialects' paths (/api/chat, /api/generate, /v1/messages, /v1/responses, /completion, /generate) are in
+:mod:`specproxy.sim.dialect_routes`. With ``dialect`` llamacpp or ollama, OpenAI streams send one event per token.
 
 A client that goes away (before headers, while queued, mid-stream) cancels its handler (aiohttp's
 handler_cancellation), and the handler's `finally` aborts the request in the engine at once, as vLLM does.
@@ -24,6 +26,7 @@ from aiohttp import web
 from specproxy.core.tokens import approx_token_count
 from specproxy.serving import base_url, start_app
 from specproxy.sim.config import METRICS_FAULTS, SimConfig
+from specproxy.sim.dialect_routes import add_dialect_routes, openai_deltas, render_as
 from specproxy.sim.engine import SimRequest
 from specproxy.sim.faults import Faults, parse_faults
 from specproxy.sim.metrics import CONTENT_TYPE
@@ -129,8 +132,9 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             prompt_tokens=parsed.prompt_tokens,
             continuous_usage=parsed.continuous_usage,
             return_token_ids=parsed.return_token_ids,
-            system_fingerprint=rt.cfg.system_fingerprint,
             cached_tokens=req.truth.cached_tokens if rt.cfg.prompt_tokens_details else None,
+            # Ollama's OpenAI endpoint names itself this way on every chunk
+            system_fingerprint="fp_ollama" if rt.cfg.dialect == "ollama" else rt.cfg.system_fingerprint,
         )
         if parsed.stream:
             return await _stream(request, rt, req, queue, parsed, fmt, faults)
@@ -225,7 +229,8 @@ async def _stream(
             if not started and fmt.kind == "chat":
                 await send(fmt.role_event())
             started = True
-            await send(fmt.delta_event("".join(texts), ids, out.finish_reason, out.completion_tokens))
+            for event in openai_deltas(rt.cfg.dialect, fmt, req.truth, texts, ids, out):  # llama.cpp: per token
+                await send(event)
             texts, ids, since_sent = [], [], 0
             if out.finish_reason is not None:
                 break
@@ -246,7 +251,8 @@ async def _metrics(request: web.Request) -> web.Response:
     if rt.metrics_fault == "hang":
         await rt.closing.wait()  # until the client gives up (handler cancelled) or the server stops
         return web.Response(status=503)
-    return web.Response(body=rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    body = rt.metrics.render() if rt.cfg.dialect == "vllm" else render_as(rt.cfg.dialect, rt.metrics.registry, rt.cfg.k)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _tokenize(request: web.Request) -> web.Response:
@@ -338,6 +344,7 @@ def build_app(rt: SimRuntime) -> web.Application:
     app.router.add_get("/sim/requests", _sim_requests)
     app.router.add_get("/sim/requests/{rid}", _sim_request)
     app.router.add_get("/sim/truth", _sim_truth)
+    add_dialect_routes(app, lambda request: request.app[RUNTIME], rt.cfg.dialect)
     return app
 
 

@@ -241,7 +241,14 @@ class StreamFormatter:
         chunk["prompt_text"] = None
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
-    def delta_event(self, text: str, token_ids: list[int], finish_reason: str | None, completion_tokens: int) -> bytes:
+    def delta_event(
+        self,
+        text: str,
+        token_ids: list[int],
+        finish_reason: str | None,
+        completion_tokens: int,
+        extra: dict[str, Any] | None = None,  # more top-level fields (llama.cpp's final ``timings``)
+    ) -> bytes:
         ids = token_ids if self.return_token_ids else None
         choice: dict[str, Any]
         if self.kind == "chat":
@@ -263,6 +270,8 @@ class StreamFormatter:
         chunk["choices"] = [choice]
         if self.continuous_usage:
             chunk["usage"] = self._usage(completion_tokens)
+        if extra:
+            chunk.update(extra)
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def usage_event(self, completion_tokens: int, metrics: dict[str, Any] | None) -> bytes:

@@ -1,0 +1,35 @@
+"""What a recorder is told: where records go, what is captured, how the engine is scraped and named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specproxy.recorder.sink import DEFAULT_MAX_PENDING_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderConfig:
+    record_path: str | None = None
+    metrics_url: str | None = None
+    label: str | None = None
+    capture: str = "request"  # none | request | full
+    # A request body over this many bytes is relayed as it is but neither parsed nor captured (bounded work per
+    # request: parsing costs per element, and a body of millions of tiny elements froze every stream for seconds).
+    capture_max_bytes: int = 1024 * 1024
+    k: int | None = None  # num_speculative_tokens, when known; else learned from the counters
+    scrape_interval_s: float = 0.25
+    scrape_timeout_s: float = 2.0
+    scrape_min_gap_s: float = 0.1  # the floor between two scrapes, however many requests end
+    finalize_wait_s: float = 5.0  # how long a finished request waits for its closing scrape
+    # Without exact token counts, overlapping requests share counter deltas through a per-workload acceptance
+    # model that improves with every scrape interval: their records wait for it to settle up to this long.
+    calibration_hold_s: float = 60.0
+    rotate_bytes: int = 256 * 1024 * 1024
+    # Rotated files kept (0: all). Runs keep all, since they read their records back; the proxy's --rotate-keep sets it.
+    rotate_keep: int = 0
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES  # records waiting for the disk; past it they are lost
+    run_id: str | None = None
+    tokenizer: str | None = None  # --tokenizer: a tokenizer.json to count text with, or "server" (tokenize_url)
+    tokenize_url: str | None = None
+    engine: str = "auto"  # --engine: auto, vllm, sglang, ollama, llamacpp (core.dialects.engine)
+    probe_url: str | None = None  # with engine auto: the upstream's base URL, probed once at start
