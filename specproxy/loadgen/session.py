@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rich.table import Table
+
 from specproxy.core.record import Record, read_records
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from specproxy.loadgen.live_table import LiveTable, build_table
 from specproxy.loadgen.progress import ProgressLine, ProgressSnapshot, render
 from specproxy.loadgen.replay import ReplayPlan, run_replay
 from specproxy.loadgen.runner import DriveResult, LoadSpec, run_shard
@@ -59,14 +63,18 @@ def _read_run(path: Path, run_id: str) -> list[Record]:
 
 
 class _Live:
-    """The latest progress snapshot and the line drawn from it."""
+    """The latest progress snapshot and what shows it: the live table on a terminal, else (``--progress`` without
+    a terminal, e.g. a CI log) the one line."""
 
     def __init__(self, total: int | None, duration_s: float | None, show: bool | None) -> None:
         self.snap: ProgressSnapshot = {}
         self.t0 = self.snap_t = time.monotonic()
         self.total = total
         self.duration_s = duration_s
-        self.line = ProgressLine(self.text, force=bool(show)) if show is not False else None
+        self.line: ProgressLine | LiveTable | None = None
+        if show is not False:
+            line = ProgressLine(self.text, force=bool(show))
+            self.line = LiveTable(self.table) if line.enabled and _isatty(sys.stderr) else line
 
     def update(self, snap: ProgressSnapshot) -> None:
         self.snap = snap
@@ -75,9 +83,19 @@ class _Live:
     def text(self) -> str:
         return render(self.snap, self.snap_t - self.t0, total=self.total, duration_s=self.duration_s)
 
+    def table(self) -> Table:
+        return build_table(self.snap, self.snap_t - self.t0, total=self.total, duration_s=self.duration_s)
+
     @property
     def enabled(self) -> bool:
-        return self.line is not None and self.line.enabled
+        return isinstance(self.line, LiveTable) or (self.line is not None and self.line.enabled)
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
 
 
 def shard_requests(spec: LoadSpec) -> int | None:
