@@ -86,3 +86,14 @@ async def test_health_command_against_a_running_simulator_and_a_closed_port(caps
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
     code, err = _health(capsys, "--url", "ftp://example")
     assert code == 2 and "http://" in err
+
+
+async def test_health_command_reads_its_url_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running_sim() as sim:
+        monkeypatch.setenv("SPECPROXY_HEALTH_URL", sim.url + "/health")
+        assert await asyncio.to_thread(_health, capsys) == (0, "")
+        monkeypatch.setenv("SPECPROXY_HEALTH_URL", sim.url + "/missing")
+        code, err = await asyncio.to_thread(_health, capsys)
+        assert code == 1 and sim.url + "/missing" in err

@@ -1,6 +1,7 @@
 """The Kubernetes manifests in docker/k8s/: built-in kinds against the Kubernetes JSON schemas (kubernetes-validate,
 strict: unknown fields fail), the ServiceMonitor against its structure as the prometheus-operator CRD defines it
-(checked here field by field: the CRD's schema is not vendored), and the wiring between them."""
+(checked here field by field: the CRD's schema is not vendored), the PrometheusRule against the compose stack's
+rules, the load Job's arguments against the real command line, and the wiring between them."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_builtin_kinds_validate_against_the_kubernetes_schemas() -> None:
     checked = []
     for doc in _docs():
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue
+            continue  # ServiceMonitor, PrometheusRule: custom resources, checked below
         kv.validate(doc, version, strict=True)
         checked.append(doc["kind"])
     assert sorted(checked) == ["Deployment", "Job", "PersistentVolumeClaim", "Service", "Service"]
@@ -108,3 +109,32 @@ def test_wiring_sidecar_service_monitor_and_job() -> None:
     claim = spec["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
     (pvc,) = _by_kind("PersistentVolumeClaim")
     assert pvc["metadata"]["name"] == claim and "ReadWriteMany" in pvc["spec"]["accessModes"]
+
+
+def test_prometheusrule_carries_the_same_rules_as_the_compose_stack() -> None:
+    (rule,) = _by_kind("PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+    assert rule["spec"] == load_yaml_docs(DOCKER / "prometheus" / "rules.yml")[0]
+
+
+def test_job_arguments_are_accepted_by_the_real_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every option of the Job's `specproxy run` parses: with the target swapped for a closed port, the run stops
+    at the reachability check (exit 1), not at option parsing (exit 2)."""
+    import socket
+
+    from specproxy.cli import main
+
+    (job,) = _by_kind("Job")
+    args = list(job["spec"]["template"]["spec"]["containers"][0]["args"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: connections are refused
+        for opt, value in (("--target", closed), ("--wait-ready", "0.5"), ("--out", "/dev/null")):
+            args[args.index(opt) + 1] = value
+        args = [a.replace("$(SHARD)", "3") for a in args]
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            main(args)
+    err = capsys.readouterr().err
+    assert done.value.code == 1, err
+    assert "not ready" in err or "cannot reach" in err, err

@@ -114,6 +114,25 @@ def test_compose_stack_hangs_together() -> None:
         assert scmd[scmd.index("--num-speculative-tokens") + 1] == str(k)
 
 
+def test_dashboard_layout() -> None:
+    """Unique panel ids, panels inside Grafana's 24 columns and not overlapping, every target with a datasource."""
+    dash = _dashboard()
+    assert dash["uid"] == "specproxy"
+    panels = dash["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, (p["title"], cells.get((x, y)))
+                cells[(x, y)] = p["title"]
+        if p["type"] != "row":
+            assert p["targets"] and all(t["datasource"]["uid"] for t in p["targets"]), p["title"]
+
+
 # --- promtool ------------------------------------------------------------------------------------------------------
 
 
