@@ -1,5 +1,6 @@
 """docker/Dockerfile without a container engine: hadolint (when installed), every COPY source exists, the entrypoint
-is the package's console script, the health check is a command the image has; and `specproxy health` itself."""
+is the package's console script, the health check is a command the image has; and `specproxy health` itself. Where a
+container engine answers, the image is also built and started."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import re
 import shutil
 import subprocess
+import time
 import tomllib
+import urllib.request
 
 import pytest
 
@@ -97,3 +100,45 @@ async def test_health_command_reads_its_url_from_the_environment(
         monkeypatch.setenv("SPECPROXY_HEALTH_URL", sim.url + "/missing")
         code, err = await asyncio.to_thread(_health, capsys)
         assert code == 1 and sim.url + "/missing" in err
+
+
+def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_image_builds_runs_as_non_root_and_turns_healthy() -> None:
+    """Where a container engine answers: build the image, check its user and entrypoint, start the simulator in it and
+    wait for Docker's own health check to pass. Skipped (with the reason) on machines with no engine."""
+    if shutil.which("docker") is None:
+        pytest.skip("no docker client")
+    info = _docker("info", timeout=20)
+    if info.returncode != 0:
+        pytest.skip("no container engine answers (docker info: " + " ".join(info.stderr.split())[:120] + ")")
+    tag = "specproxy:deploy-test"
+    built = _docker("build", "-f", str(DOCKERFILE), "-t", tag, str(ROOT), timeout=1200)
+    assert built.returncode == 0, built.stderr[-2000:]
+    version = _docker("run", "--rm", tag, "--version")
+    assert version.returncode == 0 and version.stdout.startswith("specproxy ")
+    uid = _docker("run", "--rm", "--entrypoint", "id", tag, "-u")
+    assert uid.stdout.strip() == "10001"
+    started = _docker(
+        "run", "-d", "--rm", "-e", "SPECPROXY_HEALTH_URL=http://127.0.0.1:8000/health", "-p", "127.0.0.1::8000",
+        tag, "sim", "--listen", "0.0.0.0:8000", "--speed", "50",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    cid = started.stdout.strip()
+    try:
+        deadline = time.monotonic() + 90
+        status = ""
+        while time.monotonic() < deadline:
+            status = _docker("inspect", "-f", "{{.State.Health.Status}}", cid).stdout.strip()
+            if status in ("healthy", "unhealthy"):
+                break
+            time.sleep(2)
+        assert status == "healthy"
+        port = _docker("port", cid, "8000/tcp").stdout.split(":")[-1].strip()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        _docker("stop", "-t", "5", cid)
