@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -207,7 +208,18 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(big, timeout=10)
             assert refused.value.code == 413
-            names = _sample_names(_get(proxy_url + "/specproxy/metrics")) | _sample_names(_get(sim_url + "/metrics"))
+            # Records finish a little after their responses (attribution): scrape until every name read is there,
+            # for at most 10 s; what is still missing then fails the test below, by name.
+            _, recorded = rules_exprs()
+            wanted = set(_used_names()) - recorded
+            deadline = time.monotonic() + 10
+            while True:
+                names = _sample_names(_get(proxy_url + "/specproxy/metrics")) | _sample_names(
+                    _get(sim_url + "/metrics")
+                )
+                if wanted <= names or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
     yield names
 
 
