@@ -17,7 +17,7 @@ from specproxy.loadgen.live_table import LiveTable, build_table, time_left
 from specproxy.loadgen.plan import BodyOptions
 from specproxy.loadgen.progress import ProgressLine, ProgressSnapshot
 from specproxy.loadgen.runner import LoadSpec
-from specproxy.loadgen.session import _Live, run_load
+from specproxy.loadgen.session import _Live, planned_per_workload, run_load
 from specproxy.loadgen.target import Target
 from specproxy.recorder.recorder import RecorderConfig
 from specproxy.sim import SimConfig
@@ -31,17 +31,23 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-def _render(snap: ProgressSnapshot, elapsed_s: float, total: int | None, duration_s: float | None = None) -> str:
+def _render(
+    snap: ProgressSnapshot,
+    elapsed_s: float,
+    total: int | None,
+    duration_s: float | None = None,
+    per_workload: dict[str, int] | None = None,
+) -> str:
     out = io.StringIO()
     Console(file=out, force_terminal=True, width=120).print(
-        build_table(snap, elapsed_s, total=total, duration_s=duration_s)
+        build_table(snap, elapsed_s, total=total, duration_s=duration_s, per_workload=per_workload)
     )
     return ANSI.sub("", out.getvalue())
 
 
 def _row(text: str, name: str) -> list[str]:
     line = next(ln for ln in text.splitlines() if re.match(rf"\W*{name}\b", ln))
-    return [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
+    return re.split(r"\s{2,}", line.strip())
 
 
 async def test_run_on_a_terminal_draws_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,16 +81,19 @@ async def test_run_on_a_terminal_draws_the_table(tmp_path: Path, monkeypatch: py
     final = snaps[-1]
     assert sum(c["in_flight"] for c in final.values()) == 0
     assert sum(c["done"] for c in final.values()) == 16 == sum(c["ttft_n"] for c in final.values())
-    # The table rendered from the final snapshot, cell by cell.
-    text = _render(final, 2.0, 16)
+    # The table rendered from the final snapshot, cell by cell; without a seed the plan alternates workloads.
+    planned = planned_per_workload(spec)
+    assert planned == {"ja_chat": 8, "code_agent": 8}
+    text = _render(final, 2.0, 16, per_workload=planned)
     for w in ("ja_chat", "code_agent"):
-        name, done, in_flight, toks, ttft, acc, errors = _row(text, w)
+        name, done, in_flight, toks, ttft, acc, errors, left = _row(text, w)
         c = final[w]
-        assert (name, done, in_flight, errors) == (w, str(int(c["done"])), "0", "0")
+        assert (name, done, in_flight, errors, left) == (w, "8/8", "0", "0", "0s")
+        assert c["done"] == 8
         assert int(toks) == round(c["tokens"] / 2.0) and int(toks) > 0
         assert ttft.endswith(" ms") and 0 <= float(ttft.split()[0]) < 2000
         assert c["draft_tokens"] > 0 and acc == f"{c['accepted'] / c['draft_tokens']:.1%}"
-    assert _row(text, "all")[1] == "16"
+    assert _row(text, "all")[1] == "16/16"
     assert "0s left" in text
 
 
@@ -94,9 +103,11 @@ def test_table_while_running_shows_in_flight_errors_and_time_left() -> None:
             done=6, ok=5, errors=1, tokens=600, accepted=30, draft_tokens=100, in_flight=2, ttft_sum=0.6, ttft_n=6
         ),
     }
-    text = _render(snap, 3.0, 24)
-    assert _row(text, "ja_chat") == ["ja_chat", "6", "2", "200", "100 ms", "30.0%", "1"]
-    assert "6/24 requests" in text and "9s left" in text  # 18 to go at 2 per second
+    text = _render(snap, 3.0, 24, per_workload={"ja_chat": 24})
+    assert _row(text, "ja_chat") == ["ja_chat", "6/24", "2", "200", "100 ms", "30.0%", "1", "9s"]  # 18 to go, 2/s
+    assert "6/24 requests" in text and "9s left" in text
+    assert _row(_render(snap, 3.0, None, duration_s=60.0), "ja_chat")[-1] == "57s"
+    assert _row(_render(snap, 3.0, None), "ja_chat")[1:2] + _row(_render(snap, 3.0, None), "ja_chat")[-1:] == ["6", "-"]
     assert "all" not in [r.split()[0] for r in text.splitlines() if r.split()]  # one workload: no total row
     assert time_left(snap, 10.0, total=None, duration_s=60.0) == 50.0
     assert time_left({}, 1.0, total=10, duration_s=None) is None

@@ -1,19 +1,19 @@
-"""The live table ``run`` and ``replay`` draw on a terminal: one row per workload with requests done and in flight,
-output tok/s, mean TTFT, acceptance and errors, a total row, and the time left.
+"""The live table ``run`` and ``replay`` draw on a terminal: one row per workload with requests done (of the
+planned) and in flight, output tok/s, mean TTFT, acceptance, errors and time left, a total row.
 
 Built from the same progress snapshots as the one-line display (counts taken when requests end, acceptance from the
-recorder's per-workload totals), so nothing runs per chunk. Time left: the requests still to send at the rate they
-have finished so far (a fixed plan), or the rest of ``--duration``; per workload, its share of the plan's remaining
-requests is not known ahead (a seeded plan mixes workloads at random), so the time left is the run's.
+recorder's per-workload totals), so nothing runs per chunk. Time left: a workload's requests still to finish at the
+rate its requests have finished so far (a fixed plan; the run's in the title), or the rest of ``--duration``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -35,15 +35,25 @@ def time_left(snap: ProgressSnapshot, elapsed_s: float, *, total: int | None, du
     """Seconds left: the rest of ``duration_s``, or the requests not yet finished at the rate seen so far."""
     if duration_s is not None:
         return max(0.0, duration_s - elapsed_s)
-    if total is None:
-        return None
-    done = sum(c["done"] for c in snap.values())
-    if done <= 0 or elapsed_s <= 0:
+    return _left(sum(c["done"] for c in snap.values()), total, elapsed_s)
+
+
+def _left(done: float, total: int | None, elapsed_s: float) -> float | None:
+    if total is None or done <= 0 or elapsed_s <= 0:
         return None
     return max(0.0, total - done) * elapsed_s / done
 
 
-def build_table(snap: ProgressSnapshot, elapsed_s: float, *, total: int | None, duration_s: float | None) -> Table:
+def build_table(
+    snap: ProgressSnapshot,
+    elapsed_s: float,
+    *,
+    total: int | None,
+    duration_s: float | None,
+    per_workload: Mapping[str, int] | None = None,
+) -> Table:
+    """``per_workload``: the requests planned for each workload (a fixed plan), for its own done/planned and time
+    left."""
     t = max(elapsed_s, 1e-9)
     done_all = sum(c["done"] for c in snap.values())
     head = f"{int(done_all)}/{total}" if total is not None else f"{int(done_all)}"
@@ -52,41 +62,51 @@ def build_table(snap: ProgressSnapshot, elapsed_s: float, *, total: int | None, 
         title=f"specproxy run: {head} requests, {_fmt_s(elapsed_s)} elapsed, {_fmt_s(left)} left",
         title_justify="left",
         expand=False,
+        box=box.SIMPLE_HEAD,  # no vertical rules, collapsed padding: eight columns fit an 80-column terminal
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
     )
     for name, justify in (
         ("workload", "left"),
         ("done", "right"),
         ("in flight", "right"),
         ("tok/s", "right"),
-        ("TTFT mean", "right"),
+        ("TTFT", "right"),  # mean
         ("acceptance", "right"),
         ("errors", "right"),
+        ("left", "right"),
     ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=name != "workload")  # type: ignore[arg-type]
 
-    def row(name: str, c: dict[str, float], *, style: str | None = None) -> None:
+    def row(name: str, c: dict[str, float], planned: int | None, *, style: str | None = None) -> None:
         ttft = f"{c['ttft_sum'] / c['ttft_n'] * 1000:.0f} ms" if c["ttft_n"] else "-"
         acc = f"{c['accepted'] / c['draft_tokens']:.1%}" if c["draft_tokens"] else "-"
         errors = int(c["errors"])
+        if duration_s is not None:
+            left = _fmt_s(max(0.0, duration_s - elapsed_s))
+        else:
+            left = _fmt_s(_left(c["done"], planned, elapsed_s))
         table.add_row(
             name,
-            str(int(c["done"])),
+            f"{int(c['done'])}/{planned}" if planned is not None else str(int(c["done"])),
             str(int(c["in_flight"])),
             f"{c['tokens'] / t:.0f}",
             ttft,
             acc,
             f"[red]{errors}[/red]" if errors else "0",
+            left,
             style=style,
         )
 
     totals: dict[str, float] = {}
     for w in sorted(snap):
-        row(w, snap[w])
+        row(w, snap[w], per_workload.get(w) if per_workload is not None else None)
         for k, v in snap[w].items():
             totals[k] = totals.get(k, 0.0) + v
     if len(snap) > 1:
         table.add_section()
-        row("all", totals, style="bold")
+        row("all", totals, total, style="bold")
     return table
 
 

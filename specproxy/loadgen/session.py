@@ -9,7 +9,10 @@ import asyncio
 import signal
 import sys
 import time
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 
 from rich.table import Table
@@ -17,6 +20,7 @@ from rich.table import Table
 from specproxy.core.record import Record, read_records
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.loadgen.live_table import LiveTable, build_table
+from specproxy.loadgen.plan import plan_order
 from specproxy.loadgen.progress import ProgressLine, ProgressSnapshot, render
 from specproxy.loadgen.replay import ReplayPlan, run_replay
 from specproxy.loadgen.runner import DriveResult, LoadSpec, run_shard
@@ -66,11 +70,18 @@ class _Live:
     """The latest progress snapshot and what shows it: the live table on a terminal, else (``--progress`` without
     a terminal, e.g. a CI log) the one line."""
 
-    def __init__(self, total: int | None, duration_s: float | None, show: bool | None) -> None:
+    def __init__(
+        self,
+        total: int | None,
+        duration_s: float | None,
+        show: bool | None,
+        per_workload: Mapping[str, int] | None = None,
+    ) -> None:
         self.snap: ProgressSnapshot = {}
         self.t0 = self.snap_t = time.monotonic()
         self.total = total
         self.duration_s = duration_s
+        self.per_workload = per_workload
         self.line: ProgressLine | LiveTable | None = None
         if show is not False:
             line = ProgressLine(self.text, force=bool(show))
@@ -84,7 +95,13 @@ class _Live:
         return render(self.snap, self.snap_t - self.t0, total=self.total, duration_s=self.duration_s)
 
     def table(self) -> Table:
-        return build_table(self.snap, self.snap_t - self.t0, total=self.total, duration_s=self.duration_s)
+        return build_table(
+            self.snap,
+            self.snap_t - self.t0,
+            total=self.total,
+            duration_s=self.duration_s,
+            per_workload=self.per_workload,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -96,6 +113,17 @@ def _isatty(stream: object) -> bool:
         return bool(stream.isatty())  # type: ignore[attr-defined]
     except (AttributeError, ValueError):
         return False
+
+
+def planned_per_workload(spec: LoadSpec) -> dict[str, int] | None:
+    """How many measured requests of each workload this machine's shard sends over all repeats (None with a
+    duration): the plan's order without its bodies."""
+    if spec.requests is None:
+        return None
+    names = [w.name for w in spec.workloads]
+    order = islice(plan_order([len(w.items) for w in spec.workloads], spec.seed), spec.requests)
+    counts = Counter(names[w] for w, _ in spec.shard.take(order))
+    return {w: n * spec.repeat for w, n in counts.items()}
 
 
 def shard_requests(spec: LoadSpec) -> int | None:
@@ -135,7 +163,7 @@ async def run_load(
     run_id = spec.recorder.run_id
     if run_id is None:
         raise ValueError("a run needs a run id (shards and workers must share it)")
-    live = _Live(shard_requests(spec), spec.duration_s, progress)
+    live = _Live(shard_requests(spec), spec.duration_s, progress, planned_per_workload(spec))
     reporter = live.update if live.enabled else None
     if live.line is not None:
         live.line.start()
@@ -165,7 +193,7 @@ async def replay(
     await check_target(target, "", wait_ready_s=wait_ready_s)
     if recorder_cfg.run_id is None or recorder_cfg.record_path is None:
         raise ValueError("a replay needs a record path and a run id")
-    live = _Live(len(plan.timed), None, progress)
+    live = _Live(len(plan.timed), None, progress, Counter(e.workload for _, e in plan.timed))
     if live.line is not None:
         live.line.start()
     try:
