@@ -120,3 +120,16 @@ def test_plain_line_when_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None
     assert _Live(10, None, False).line is None
     monkeypatch.setattr(sys, "stderr", FakeTerminal())
     assert isinstance(_Live(10, None, None).line, LiveTable)
+
+
+def test_planned_counts_per_workload_count_conversation_turns() -> None:
+    spec = LoadSpec(
+        target=Target("http://127.0.0.1:9"),
+        workloads=(load_workload("ja_chat_multi"), load_workload("code_agent")),
+        body=BodyOptions(model="m", max_tokens=8),
+        recorder=RecorderConfig(run_id="r"),
+        requests=10,
+        repeat=2,
+    )
+    assert planned_per_workload(spec) == {"ja_chat_multi": 5 * 4 * 2, "code_agent": 5 * 2}  # 4 turns a conversation
+    assert planned_per_workload(LoadSpec(**{**{f: getattr(spec, f) for f in spec.__slots__}, "requests": None})) is None

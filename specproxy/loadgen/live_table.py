@@ -55,6 +55,8 @@ def build_table(
     """``per_workload``: the requests planned for each workload (a fixed plan), for its own done/planned and time
     left."""
     t = max(elapsed_s, 1e-9)
+    if per_workload is not None:
+        total = sum(per_workload.values())  # turns of conversations included, as requests are counted when done
     done_all = sum(c["done"] for c in snap.values())
     head = f"{int(done_all)}/{total}" if total is not None else f"{int(done_all)}"
     left = time_left(snap, elapsed_s, total=total, duration_s=duration_s)

@@ -20,7 +20,7 @@ from rich.table import Table
 from specproxy.core.record import Record, read_records
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.loadgen.live_table import LiveTable, build_table
-from specproxy.loadgen.plan import plan_order
+from specproxy.loadgen.plan import iter_plan
 from specproxy.loadgen.progress import ProgressLine, ProgressSnapshot, render
 from specproxy.loadgen.replay import ReplayPlan, run_replay
 from specproxy.loadgen.runner import DriveResult, LoadSpec, run_shard
@@ -116,14 +116,17 @@ def _isatty(stream: object) -> bool:
 
 
 def planned_per_workload(spec: LoadSpec) -> dict[str, int] | None:
-    """How many measured requests of each workload this machine's shard sends over all repeats (None with a
-    duration): the plan's order without its bodies."""
-    if spec.requests is None:
+    """How many measured requests of each workload this machine's shard sends over all repeats, a conversation
+    counting its turns (None with a duration, or for a plan too long to count up front)."""
+    if spec.requests is None or spec.requests > _COUNT_UP_TO:
         return None
-    names = [w.name for w in spec.workloads]
-    order = islice(plan_order([len(w.items) for w in spec.workloads], spec.seed), spec.requests)
-    counts = Counter(names[w] for w, _ in spec.shard.take(order))
+    counts: Counter[str] = Counter()
+    for entry in spec.shard.take(islice(iter_plan(spec.workloads, spec.body, spec.seed), spec.requests)):
+        counts[entry.workload] += entry.turns
     return {w: n * spec.repeat for w, n in counts.items()}
+
+
+_COUNT_UP_TO = 200_000  # planned entries counted for the live table (about a second's work)
 
 
 def shard_requests(spec: LoadSpec) -> int | None:
