@@ -113,6 +113,7 @@ class Client:
             turn=turn,
         )
         trace = self._recorder.begin(meta, keep_text=conversation is not None)
+        self._progress.started(entry.workload)
         outcome: str = "client_cancelled"  # unless the exchange returns
         error: str | None = "run stopped"
         try:
@@ -121,7 +122,8 @@ class Client:
             self._recorder.finish(trace, outcome, error)
             tl = trace.timeline
             tokens = sum(n for _, n in tl.chunks if n > 0) if tl is not None else 0
-            self._progress.finished(entry.workload, outcome == "ok", tokens)
+            ttft_s = (tl.first_token_ns - tl.start_ns) / 1e9 if tl is not None and tl.first_token_ns else None
+            self._progress.finished(entry.workload, outcome == "ok", tokens, ttft_s)
         if outcome != "ok" or conversation is None or trace.timeline is None:
             return None
         return trace.timeline.reply_text()

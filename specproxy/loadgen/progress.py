@@ -2,7 +2,8 @@
 
 No per-chunk work: a request adds to its workload's counters when it ends; acceptance comes from the recorder's own
 per-workload totals. Snapshots are plain dicts so worker processes can send them to the parent, which merges them.
-The line is drawn only when stderr is a terminal, about twice a second.
+On a terminal the display is a table (``live_table``); the line is for logs (``--progress`` without a terminal).
+Either is redrawn about twice a second.
 """
 
 from __future__ import annotations
@@ -15,21 +16,27 @@ from typing import Any, TextIO
 
 from specproxy.attribution.counts import SpecCounts
 
-ProgressSnapshot = dict[
-    str, dict[str, float]
-]  # workload -> {"done", "ok", "errors", "tokens", "accepted", "draft_tokens"}
-_FIELDS = ("done", "ok", "errors", "tokens", "accepted", "draft_tokens")
+# workload -> {"done", "ok", "errors", "tokens", "accepted", "draft_tokens", "in_flight", "ttft_sum", "ttft_n"}
+ProgressSnapshot = dict[str, dict[str, float]]
+_FIELDS = ("done", "ok", "errors", "tokens", "accepted", "draft_tokens", "in_flight", "ttft_sum", "ttft_n")
 
 
 class Progress:
     def __init__(self, workloads: Iterable[str]) -> None:
         self._counts: dict[str, dict[str, float]] = {w: dict.fromkeys(_FIELDS, 0.0) for w in workloads}
 
-    def finished(self, workload: str, ok: bool, tokens: int) -> None:
+    def started(self, workload: str) -> None:
+        self._counts.setdefault(workload, dict.fromkeys(_FIELDS, 0.0))["in_flight"] += 1
+
+    def finished(self, workload: str, ok: bool, tokens: int, ttft_s: float | None = None) -> None:
         c = self._counts.setdefault(workload, dict.fromkeys(_FIELDS, 0.0))
         c["done"] += 1
+        c["in_flight"] = max(0.0, c["in_flight"] - 1)
         c["ok" if ok else "errors"] += 1
         c["tokens"] += tokens
+        if ttft_s is not None:
+            c["ttft_sum"] += ttft_s
+            c["ttft_n"] += 1
 
     def snapshot(self, spec: Mapping[str, SpecCounts] | None = None) -> ProgressSnapshot:
         """The counters, with accepted / draft tokens taken from ``spec`` (the recorder's ``workload_spec``)."""

@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import time
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
+
+from rich.table import Table
 
 from specproxy.core.record import Record, read_records
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from specproxy.loadgen.live_table import LiveTable, build_table
+from specproxy.loadgen.plan import iter_plan
 from specproxy.loadgen.progress import ProgressLine, ProgressSnapshot, render
 from specproxy.loadgen.replay import ReplayPlan, run_replay
 from specproxy.loadgen.runner import DriveResult, LoadSpec, run_shard
@@ -59,14 +67,25 @@ def _read_run(path: Path, run_id: str) -> list[Record]:
 
 
 class _Live:
-    """The latest progress snapshot and the line drawn from it."""
+    """The latest progress snapshot and what shows it: the live table on a terminal, else (``--progress`` without
+    a terminal, e.g. a CI log) the one line."""
 
-    def __init__(self, total: int | None, duration_s: float | None, show: bool | None) -> None:
+    def __init__(
+        self,
+        total: int | None,
+        duration_s: float | None,
+        show: bool | None,
+        per_workload: Mapping[str, int] | None = None,
+    ) -> None:
         self.snap: ProgressSnapshot = {}
         self.t0 = self.snap_t = time.monotonic()
         self.total = total
         self.duration_s = duration_s
-        self.line = ProgressLine(self.text, force=bool(show)) if show is not False else None
+        self.per_workload = per_workload
+        self.line: ProgressLine | LiveTable | None = None
+        if show is not False:
+            line = ProgressLine(self.text, force=bool(show))
+            self.line = LiveTable(self.table) if line.enabled and _isatty(sys.stderr) else line
 
     def update(self, snap: ProgressSnapshot) -> None:
         self.snap = snap
@@ -75,9 +94,39 @@ class _Live:
     def text(self) -> str:
         return render(self.snap, self.snap_t - self.t0, total=self.total, duration_s=self.duration_s)
 
+    def table(self) -> Table:
+        return build_table(
+            self.snap,
+            self.snap_t - self.t0,
+            total=self.total,
+            duration_s=self.duration_s,
+            per_workload=self.per_workload,
+        )
+
     @property
     def enabled(self) -> bool:
-        return self.line is not None and self.line.enabled
+        return isinstance(self.line, LiveTable) or (self.line is not None and self.line.enabled)
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
+
+
+def planned_per_workload(spec: LoadSpec) -> dict[str, int] | None:
+    """How many measured requests of each workload this machine's shard sends over all repeats, a conversation
+    counting its turns (None with a duration, or for a plan too long to count up front)."""
+    if spec.requests is None or spec.requests > _COUNT_UP_TO:
+        return None
+    counts: Counter[str] = Counter()
+    for entry in spec.shard.take(islice(iter_plan(spec.workloads, spec.body, spec.seed), spec.requests)):
+        counts[entry.workload] += entry.turns
+    return {w: n * spec.repeat for w, n in counts.items()}
+
+
+_COUNT_UP_TO = 200_000  # planned entries counted for the live table (about a second's work)
 
 
 def shard_requests(spec: LoadSpec) -> int | None:
@@ -117,7 +166,7 @@ async def run_load(
     run_id = spec.recorder.run_id
     if run_id is None:
         raise ValueError("a run needs a run id (shards and workers must share it)")
-    live = _Live(shard_requests(spec), spec.duration_s, progress)
+    live = _Live(shard_requests(spec), spec.duration_s, progress, planned_per_workload(spec))
     reporter = live.update if live.enabled else None
     if live.line is not None:
         live.line.start()
@@ -147,7 +196,7 @@ async def replay(
     await check_target(target, "", wait_ready_s=wait_ready_s)
     if recorder_cfg.run_id is None or recorder_cfg.record_path is None:
         raise ValueError("a replay needs a record path and a run id")
-    live = _Live(len(plan.timed), None, progress)
+    live = _Live(len(plan.timed), None, progress, Counter(e.workload for _, e in plan.timed))
     if live.line is not None:
         live.line.start()
     try:
