@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
 
 from specproxy.analysis.acceptance import AcceptancePool
 from specproxy.analysis.aggregate import (
@@ -30,6 +31,8 @@ from specproxy.analysis.aggregate import (
 from specproxy.analysis.scan import ChunkBatch, GapSink, Item, StepSink
 from specproxy.analysis.sketch import FloatArray, Quantiles
 from specproxy.analysis.slo import FigureSpec, percentile_name
+
+T = TypeVar("T")
 
 
 class PartAcc:
@@ -143,8 +146,9 @@ class PartAcc:
 class GroupAcc:
     """One group of a report: counts, pooled acceptance, and its partitions."""
 
-    def __init__(self, spec: FigureSpec = DEFAULT_SPEC) -> None:
+    def __init__(self, spec: FigureSpec = DEFAULT_SPEC, *, gaps: bool = True) -> None:
         self.spec = spec
+        self.gaps = gaps  # False: no latency gaps wanted (their figures are None), chunks are not parsed for them
         self.requests = 0
         self.outcomes: Counter[str] = Counter()
         self.token_sources: Counter[str] = Counter()
@@ -172,7 +176,7 @@ class GroupAcc:
             part = self.parts[key] = PartAcc()
         ok = is_ok(rec)
         part.add(item, ok, self.spec)
-        gaps: list[GapSink] = [part] if ok else []
+        gaps: list[GapSink] = [part] if ok and self.gaps else []
         steps: list[StepSink] = [self.pool] if rec["spec"] is None and rec["chunks_are_steps"] else []
         batch.add(item.seg, gaps, steps)
 
@@ -212,10 +216,10 @@ class GroupAcc:
         return most, exact
 
 
-class Grouping:
-    """Items grouped by fields, keys in order of each field's first appearance (as ``group_records``)."""
+class Grouping(Generic[T]):
+    """Accumulators per group of items, keys in order of each field's first appearance (as ``group_records``)."""
 
-    def __init__(self, by: Sequence[str], make: Callable[[], GroupAcc]) -> None:
+    def __init__(self, by: Sequence[str], make: Callable[[], T]) -> None:
         unknown = [f for f in by if f not in GROUP_FIELDS]
         if unknown or not by:
             raise ValueError(
@@ -223,10 +227,10 @@ class Grouping:
             )
         self.by = tuple(by)
         self.make = make
-        self.groups: dict[tuple[str, ...], GroupAcc] = {}
+        self.groups: dict[tuple[str, ...], T] = {}
         self.first_seen: list[dict[str, int]] = [{} for _ in by]
 
-    def get(self, item: Item) -> GroupAcc:
+    def get(self, item: Item) -> T:
         rec = item.rec
         key = tuple(key_value(rec, f) for f in self.by)
         acc = self.groups.get(key)
@@ -236,7 +240,7 @@ class Grouping:
             acc = self.groups[key] = self.make()
         return acc
 
-    def ordered(self) -> list[tuple[tuple[str, ...], GroupAcc]]:
+    def ordered(self) -> list[tuple[tuple[str, ...], T]]:
         return sorted(self.groups.items(), key=lambda kv: [s[v] for s, v in zip(self.first_seen, kv[0], strict=True)])
 
 
@@ -245,7 +249,7 @@ class ReportBuilder:
 
     def __init__(self, by: Sequence[str] = DEFAULT_GROUP_BY, spec: FigureSpec = DEFAULT_SPEC) -> None:
         self.spec = spec
-        self.grouping = Grouping(by, lambda: GroupAcc(spec))
+        self.grouping: Grouping[GroupAcc] = Grouping(by, lambda: GroupAcc(spec))
 
     def add(self, item: Item, batch: ChunkBatch) -> None:
         self.grouping.get(item).add(item, batch)

@@ -12,26 +12,20 @@ it always did. Memory is bounded by the batch size, never by the number of recor
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import orjson
 
 from specproxy.analysis.sketch import FloatArray
-from specproxy.analysis.sources import SourceError, file_lines, run_files, run_name
-from specproxy.core.record import NotJSONError, Record, RecordError, as_record, cut_short, log, parse_line, upgrade
+from specproxy.core.record import Record, RecordError, as_record, parse_line, upgrade
 from specproxy.core.stats import decode_tok_s
 
 _KEY = b'"chunks":['
 _NUMERIC = b"0123456789.,eE+-[]"
 BATCH = 4096
-
-
-class InputError(ValueError):
-    """A run could not be read: the message is one line naming the path (and line)."""
 
 
 @dataclass(slots=True)
@@ -44,6 +38,16 @@ class Item:
     tok_s: float | None
     tpot_s: float | None
 
+    def full(self) -> Record:
+        """The whole record, its chunk timeline typed as :func:`specproxy.core.record.as_record` types it."""
+        rec = Record(**self.rec)
+        rec["chunks"] = _typed_chunks(self.seg) if self.seg else []
+        return rec
+
+
+def _typed_chunks(seg: bytes) -> list[tuple[float, int]]:
+    return as_record({"request_id": "-", "chunks": orjson.loads(seg)})["chunks"]
+
 
 def _fallback(line: bytes) -> Item | None:
     rec = parse_line(line)
@@ -53,7 +57,7 @@ def _fallback(line: bytes) -> Item | None:
 def item_of(rec: Record) -> Item:
     """An in-memory record as the stream would hand it on (its chunks moved out)."""
     chunks = rec["chunks"]
-    lean = Record(**{**rec, "chunks": []})  # type: ignore[typeddict-item]
+    lean = Record(**{**rec, "chunks": []})
     return _with_rates(lean, orjson.dumps(chunks) if chunks else b"", chunks)
 
 
@@ -61,7 +65,7 @@ def _with_rates(rec: Record, seg: bytes, chunks: Sequence[tuple[float, int]] | N
     tok_s, tpot_s = rec["decode_tok_s"], rec["tpot_s"]
     if (tok_s is None or tpot_s is None) and seg:
         if chunks is None:
-            chunks = as_record({"request_id": "-", "chunks": orjson.loads(seg)})["chunks"]
+            chunks = _typed_chunks(seg)
         rate = decode_tok_s(chunks)
         if tok_s is None:
             tok_s = rate
@@ -103,49 +107,6 @@ def decode_line(line: bytes) -> Item | None:
     except RecordError:
         return _fallback(line)
     return _with_rates(rec, seg, None)
-
-
-def _items(path: Path) -> Iterator[Item]:
-    for f in run_files(path):
-        for lineno, line, complete in file_lines(f):
-            try:
-                item = decode_line(line)
-            except NotJSONError as e:
-                if not complete:
-                    log.warning("%s: skipped a partial last line (a write cut short)", f.path)
-                    continue
-                if cut_short(line):
-                    log.warning("%s:%d: skipped a partial line (a write cut short, then appended to)", f.path, lineno)
-                    continue
-                raise RecordError(f"{f.path}:{lineno}: {e}") from e
-            except RecordError as e:
-                raise RecordError(f"{f.path}:{lineno}: {e}") from e
-            if item is not None:
-                yield item
-
-
-def read_run(path: str | Path) -> Iterator[Item]:
-    """Every record of one run, in file order, with the run's name as the label of records that have none."""
-    p = Path(path)
-    default = run_name(p)
-    n = 0
-    try:
-        for item in _items(p):
-            n += 1
-            if item.rec["label"] is None:
-                item.rec["label"] = default
-            yield item
-    except (SourceError, RecordError) as e:
-        raise InputError(str(e)) from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read: {e.strerror or e}") from None
-    if not n:
-        raise InputError(f"{p}: no records (the file is empty; did the run finish any request?)")
-
-
-def read_runs(paths: Sequence[str | Path]) -> Iterator[Item]:
-    for p in paths:
-        yield from read_run(p)
 
 
 # -- chunk timelines in batches ------------------------------------------------------------------------------------
@@ -195,7 +156,7 @@ class ChunkBatch:
         ns: list[float] = []
         rid: list[int] = []
         for i, seg in enumerate(self._segs):
-            for t, n in as_record({"request_id": "-", "chunks": orjson.loads(seg)})["chunks"]:
+            for t, n in _typed_chunks(seg):
                 ts.append(t)
                 ns.append(float(n))
                 rid.append(i)

@@ -105,9 +105,9 @@ class DDSketch:
         if self.zero:
             total += self.zero
             out.append((0.0, total))
-        for i in np.flatnonzero(self.pos):
-            total += float(self.pos[i])
-            out.append((float(_VALUES[i]), total))
+        for j in np.flatnonzero(self.pos).tolist():
+            total += float(self.pos[j])
+            out.append((float(_VALUES[j]), total))
         return out
 
 

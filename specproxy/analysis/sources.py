@@ -134,7 +134,7 @@ def _blocks(f: RunFile, raw: IO[bytes]) -> Iterator[bytes]:
             import zstandard
         except ImportError:
             raise SourceError(f"{f.path}: reading .zst needs the zstandard package (pip install zstandard)") from None
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[assignment]
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     while block := reader.read(BLOCK):
         yield block
 

@@ -53,7 +53,12 @@ def synth_record(i: int, rng: random.Random, chunks: int = 106) -> dict[str, Any
         hist: dict[str, int] = {}
         for a in accepted:
             hist[str(1 + a)] = hist.get(str(1 + a), 0) + 1
-        est = {"accepted": sum(accepted), "drafts": n_steps, "draft_tokens": k * n_steps, "per_position": per_position}
+        est: dict[str, Any] = {
+            "accepted": sum(accepted),
+            "drafts": n_steps,
+            "draft_tokens": k * n_steps,
+            "per_position": per_position,
+        }
         spec = {
             "source": "chunks",
             **est,
