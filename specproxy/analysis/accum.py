@@ -29,7 +29,7 @@ from specproxy.analysis.aggregate import (
     key_value,
 )
 from specproxy.analysis.scan import ChunkBatch, GapSink, Item, StepSink
-from specproxy.analysis.sketch import FloatArray, Quantiles
+from specproxy.analysis.sketch import Quantiles
 from specproxy.analysis.slo import FigureSpec, percentile_name
 
 T = TypeVar("T")
@@ -94,9 +94,8 @@ class PartAcc:
                 self.good += 1
                 self.good_tokens += rec["completion_tokens"] or 0
 
-    def add_gaps(self, step: FloatArray, token: FloatArray, weight: FloatArray) -> None:
-        self.step.add_many(step)
-        self.itl.add_many(token, weight)
+    def gap_targets(self) -> tuple[Quantiles, Quantiles | None]:
+        return self.step, self.itl
 
     def merge(self, other: PartAcc) -> None:
         for name in ("tok_s", "ttft", "tpot", "e2e", "itl", "step"):
@@ -265,11 +264,15 @@ class ReportBuilder:
 
 
 def stream_report(
-    items: Iterable[Item], by: Sequence[str] = DEFAULT_GROUP_BY, spec: FigureSpec = DEFAULT_SPEC
+    items: Iterable[Item],
+    by: Sequence[str] = DEFAULT_GROUP_BY,
+    spec: FigureSpec = DEFAULT_SPEC,
+    *,
+    parallel: bool = False,
 ) -> tuple[Report, bool]:
     """The report of a stream of items, and whether every quantile in it is exact."""
     builder = ReportBuilder(by, spec)
-    batch = ChunkBatch()
+    batch = ChunkBatch(parallel=parallel)
     for item in items:
         builder.add(item, batch)
     batch.flush()

@@ -21,7 +21,7 @@ from specproxy.analysis.advise import (
 )
 from specproxy.analysis.aggregate import generates, is_ok, key_value
 from specproxy.analysis.scan import ChunkBatch, Item
-from specproxy.analysis.sketch import FloatArray, Quantiles
+from specproxy.analysis.sketch import Quantiles
 
 
 @dataclass
@@ -29,8 +29,8 @@ class _Label:
     steps: Quantiles = field(default_factory=Quantiles)
     pool: AcceptancePool = field(default_factory=AcceptancePool)
 
-    def add_gaps(self, step: FloatArray, token: FloatArray, weight: FloatArray) -> None:
-        self.steps.add_many(step)
+    def gap_targets(self) -> tuple[Quantiles, Quantiles | None]:
+        return self.steps, None
 
 
 @dataclass

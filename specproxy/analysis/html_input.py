@@ -16,7 +16,7 @@ import numpy as np
 from specproxy.analysis.accum import GroupAcc, Grouping
 from specproxy.analysis.aggregate import generates, is_ok, key_value
 from specproxy.analysis.scan import ChunkBatch, Item
-from specproxy.analysis.sketch import FloatArray, Quantiles
+from specproxy.analysis.sketch import Quantiles
 
 MAX_TIMELINE_POINTS = 2000
 
@@ -27,9 +27,8 @@ class _Latency:
     def __init__(self) -> None:
         self.ttft, self.itl, self.step = Quantiles(), Quantiles(), Quantiles()
 
-    def add_gaps(self, step: FloatArray, token: FloatArray, weight: FloatArray) -> None:
-        self.step.add_many(step)
-        self.itl.add_many(token, weight)
+    def gap_targets(self) -> tuple[Quantiles, Quantiles | None]:
+        return self.step, self.itl
 
 
 class ChartInput:

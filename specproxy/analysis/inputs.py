@@ -17,7 +17,7 @@ from specproxy.analysis.scan import Item, decode_line
 from specproxy.analysis.sources import SourceError, file_lines, run_files, run_name
 from specproxy.core.record import NotJSONError, Record, RecordError, cut_short, log
 
-__all__ = ["InputError", "read_records_of", "read_run", "read_runs", "run_name"]
+__all__ = ["InputError", "read_records_of", "read_run", "read_runs", "run_name", "worth_a_second_process"]
 
 
 class InputError(ValueError):
@@ -60,6 +60,20 @@ def read_run(path: str | Path) -> Iterator[Item]:
         raise InputError(f"{p}: cannot read: {e.strerror or e}") from None
     if not n:
         raise InputError(f"{p}: no records (the file is empty; did the run finish any request?)")
+
+
+PARALLEL_BYTES = 64 * 1024 * 1024
+
+
+def worth_a_second_process(paths: Sequence[str | Path]) -> bool:
+    """Whether the runs are big enough (:data:`PARALLEL_BYTES` on disk) for a second process to pay for its start."""
+    total = 0
+    for p in paths:
+        try:
+            total += sum(f.path.stat().st_size * (8 if f.compression else 1) for f in run_files(Path(p)))
+        except (OSError, SourceError):
+            continue  # reading it will say what is wrong
+    return total >= PARALLEL_BYTES
 
 
 def read_runs(paths: Sequence[str | Path]) -> Iterator[Item]:

@@ -12,14 +12,19 @@ it always did. Memory is bounded by the batch size, never by the number of recor
 
 from __future__ import annotations
 
+import multiprocessing
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
-from specproxy.analysis.sketch import FloatArray
+from specproxy.analysis.sketch import FloatArray, Quantiles
 from specproxy.core.record import Record, RecordError, as_record, parse_line, upgrade
 from specproxy.core.stats import decode_tok_s
 
@@ -111,8 +116,8 @@ def decode_line(line: bytes) -> Item | None:
 
 # -- chunk timelines in batches ------------------------------------------------------------------------------------
 class GapSink(Protocol):
-    def add_gaps(self, step: FloatArray, token: FloatArray, weight: FloatArray) -> None:
-        """Inter-step gaps, inter-token gaps and their weights (the tokens each gap brought)."""
+    def gap_targets(self) -> tuple[Quantiles, Quantiles | None]:
+        """Where inter-step gaps go, and inter-token gaps (weighted by the tokens each gap brought), if wanted."""
 
 
 class StepSink(Protocol):
@@ -120,52 +125,19 @@ class StepSink(Protocol):
         """Decode steps after the first, by tokens per step."""
 
 
-class ChunkBatch:
-    """Chunk timelines waiting to be parsed together; :meth:`flush` hands every sink its records' gaps and steps."""
+Assign = list[tuple[int, list[int]]]  # (sink number, indexes of the batch's records that go to it)
 
-    def __init__(self, size: int = BATCH) -> None:
-        self.size = size
-        self._segs: list[bytes] = []
-        self._gap_sinks: dict[int, tuple[GapSink, list[int]]] = {}
-        self._step_sinks: dict[int, tuple[StepSink, list[int]]] = {}
 
-    def add(self, seg: bytes, gaps: Sequence[GapSink] = (), steps: Sequence[StepSink] = ()) -> None:
-        if not seg or not (gaps or steps):
-            return
-        i = len(self._segs)
-        self._segs.append(seg)
-        for s in gaps:
-            self._gap_sinks.setdefault(id(s), (s, []))[1].append(i)
-        for t in steps:
-            self._step_sinks.setdefault(id(t), (t, []))[1].append(i)
-        if len(self._segs) >= self.size:
-            self.flush()
+class ChunkWork:
+    """The arithmetic on batches of timelines, with an accumulator per sink number: run in the reading process, or
+    in a second one (:class:`ChunkBatch` with ``parallel``) while the first reads on."""
 
-    def _parse(self) -> tuple[FloatArray, FloatArray, np.ndarray]:
-        segs = self._segs
-        pairs = np.fromiter((s.count(b"[") - 1 for s in segs), dtype=np.int64, count=len(segs))
-        flat = orjson.loads(b"[" + b",".join(segs).translate(None, b"[]") + b"]")
-        if len(flat) != 2 * int(pairs.sum()):
-            return self._parse_slowly()
-        arr = np.asarray(flat, dtype=np.float64).reshape(-1, 2)
-        return arr[:, 0], np.trunc(arr[:, 1]), np.repeat(np.arange(len(segs)), pairs)
+    def __init__(self) -> None:
+        self.gaps: dict[int, tuple[Quantiles, Quantiles | None]] = {}
+        self.steps: dict[int, Counter[int]] = {}
 
-    def _parse_slowly(self) -> tuple[FloatArray, FloatArray, np.ndarray]:
-        # Odd pairs ([t], [t, n, x]): type each timeline as the record reader does.
-        ts: list[float] = []
-        ns: list[float] = []
-        rid: list[int] = []
-        for i, seg in enumerate(self._segs):
-            for t, n in _typed_chunks(seg):
-                ts.append(t)
-                ns.append(float(n))
-                rid.append(i)
-        return np.array(ts, dtype=np.float64), np.array(ns, dtype=np.float64), np.array(rid, dtype=np.int64)
-
-    def flush(self) -> None:
-        if not self._segs:
-            return
-        t, n, rid = self._parse()
+    def process(self, segs: list[bytes], gaps: Assign, itl: set[int], steps: Assign) -> None:
+        t, n, rid = _parse(segs)
         keep = n > 0  # only chunks that carried tokens are steps
         t, n, rid = t[keep], n[keep], rid[keep]
         same = rid[1:] == rid[:-1]  # a gap opens at every step after a record's first
@@ -173,17 +145,123 @@ class ChunkBatch:
         n1 = n[1:][same]
         grid = rid[1:][same]
         token = gap / n1
-        mask = np.zeros(len(self._segs), dtype=bool)
-        for sink, idx in self._gap_sinks.values():
+        mask = np.zeros(len(segs), dtype=bool)
+        for sid, idx in gaps:
             mask[:] = False
             mask[idx] = True
             m = mask[grid]
-            sink.add_gaps(gap[m], token[m], n1[m])
-        for steps_sink, idx in self._step_sinks.values():
+            acc = self.gaps.get(sid)
+            if acc is None:
+                acc = self.gaps[sid] = (Quantiles(), Quantiles() if sid in itl else None)
+            acc[0].add_many(gap[m])
+            if acc[1] is not None:
+                acc[1].add_many(token[m], n1[m])
+        for sid, idx in steps:
             mask[:] = False
             mask[idx] = True
-            sizes = n1[mask[grid]].astype(np.int64)
-            steps_sink.add_steps({size: k for size, k in enumerate(np.bincount(sizes).tolist()) if k})
-        self._segs = []
-        self._gap_sinks = {}
-        self._step_sinks = {}
+            sizes = np.bincount(n1[mask[grid]].astype(np.int64)).tolist()
+            self.steps.setdefault(sid, Counter()).update({size: k for size, k in enumerate(sizes) if k})
+
+
+def _parse(segs: list[bytes]) -> tuple[FloatArray, FloatArray, npt.NDArray[np.int64]]:
+    pairs = np.fromiter((s.count(b"[") - 1 for s in segs), dtype=np.int64, count=len(segs))
+    flat = orjson.loads(b"[" + b",".join(segs).translate(None, b"[]") + b"]")
+    if len(flat) == 2 * int(pairs.sum()):
+        arr = np.asarray(flat, dtype=np.float64).reshape(-1, 2)
+        return arr[:, 0], np.trunc(arr[:, 1]), np.repeat(np.arange(len(segs)), pairs)
+    # Odd pairs ([t], [t, n, x]): type each timeline as the record reader does.
+    ts: list[float] = []
+    ns: list[float] = []
+    rid: list[int] = []
+    for i, seg in enumerate(segs):
+        for t, n in _typed_chunks(seg):
+            ts.append(t)
+            ns.append(float(n))
+            rid.append(i)
+    return np.array(ts, dtype=np.float64), np.array(ns, dtype=np.float64), np.array(rid, dtype=np.int64)
+
+
+def _worker(conn: Connection) -> None:
+    work = ChunkWork()
+    while (msg := conn.recv()) is not None:
+        work.process(*msg)
+    conn.send((work.gaps, work.steps))
+    conn.close()
+
+
+class ChunkBatch:
+    """Chunk timelines waiting to be parsed together. :meth:`flush` at the end hands every sink what its records'
+    chunks add up to. With ``parallel`` the arithmetic runs in a second process, fed batch by batch through a pipe,
+    while this one goes on reading: the two halves of the work take about the same time."""
+
+    def __init__(self, size: int = BATCH, *, parallel: bool = False) -> None:
+        self.size = size
+        self._segs: list[bytes] = []
+        self._gaps: dict[int, list[int]] = {}
+        self._steps: dict[int, list[int]] = {}
+        self._gap_sinks: dict[int, GapSink] = {}
+        self._step_sinks: dict[int, StepSink] = {}
+        self._itl: set[int] = set()
+        self._work = ChunkWork()
+        self._conn: Connection | None = None
+        self._proc: BaseProcess | None = None
+        if parallel:
+            # fork: the reading process has no threads, and a forked child needs no importable __main__
+            methods = multiprocessing.get_all_start_methods()
+            ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            self._conn, child = ctx.Pipe()
+            self._proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+            self._proc.start()
+            child.close()
+
+    def add(self, seg: bytes, gaps: Sequence[GapSink] = (), steps: Sequence[StepSink] = ()) -> None:
+        if not seg or not (gaps or steps):
+            return
+        i = len(self._segs)
+        self._segs.append(seg)
+        for g in gaps:
+            sid = id(g)
+            if sid not in self._gap_sinks:
+                self._gap_sinks[sid] = g
+                if g.gap_targets()[1] is not None:
+                    self._itl.add(sid)
+            self._gaps.setdefault(sid, []).append(i)
+        for t in steps:
+            self._step_sinks.setdefault(id(t), t)
+            self._steps.setdefault(id(t), []).append(i)
+        if len(self._segs) >= self.size:
+            self._send()
+
+    def _send(self) -> None:
+        if not self._segs:
+            return
+        msg = (self._segs, list(self._gaps.items()), self._itl, list(self._steps.items()))
+        if self._conn is not None:
+            try:
+                self._conn.send(msg)
+            except OSError:
+                raise RuntimeError("the chunk worker process died (out of memory?)") from None
+        else:
+            self._work.process(*msg)
+        self._segs, self._gaps, self._steps = [], {}, {}
+
+    def flush(self) -> None:
+        """Process what is pending and deliver every sink its share (and stop the second process, if any)."""
+        self._send()
+        if self._conn is not None and self._proc is not None:
+            self._conn.send(None)
+            try:
+                self._work.gaps, self._work.steps = self._conn.recv()
+            except EOFError:
+                raise RuntimeError("the chunk worker process died (out of memory?)") from None
+            self._proc.join()
+            self._conn.close()
+            self._conn = self._proc = None
+        for sid, (step, itl) in self._work.gaps.items():
+            target_step, target_itl = self._gap_sinks[sid].gap_targets()
+            target_step.merge(step)
+            if target_itl is not None and itl is not None:
+                target_itl.merge(itl)
+        for sid, sizes in self._work.steps.items():
+            self._step_sinks[sid].add_steps(sizes)
+        self._work = ChunkWork()

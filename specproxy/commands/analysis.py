@@ -25,7 +25,7 @@ from specproxy.analysis.aggregate import DEFAULT_GROUP_BY, DEFAULT_SPEC, GROUP_F
 from specproxy.analysis.compare import METRICS, ComparisonBuilder
 from specproxy.analysis.html import render_html
 from specproxy.analysis.html_input import ChartInput
-from specproxy.analysis.inputs import InputError, read_runs
+from specproxy.analysis.inputs import InputError, read_runs, worth_a_second_process
 from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
 from specproxy.analysis.scan import ChunkBatch, Item
 from specproxy.analysis.sketch import Quantiles
@@ -48,7 +48,7 @@ OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE"
 def _scan(paths: Sequence[Path], *feeds: Callable[[Item, ChunkBatch], None]) -> None:
     """One pass over the runs' records into ``feeds``; a run that cannot be read is a clean failure (exit 2) naming
     the path and line."""
-    batch = ChunkBatch()
+    batch = ChunkBatch(parallel=worth_a_second_process(paths))
     try:
         for item in read_runs(paths):
             for feed in feeds:
