@@ -46,11 +46,11 @@ class Item:
     def full(self) -> Record:
         """The whole record, its chunk timeline typed as :func:`specproxy.core.record.as_record` types it."""
         rec = Record(**self.rec)
-        rec["chunks"] = _typed_chunks(self.seg) if self.seg else []
+        rec["chunks"] = typed_chunks(self.seg) if self.seg else []
         return rec
 
 
-def _typed_chunks(seg: bytes) -> list[tuple[float, int]]:
+def typed_chunks(seg: bytes) -> list[tuple[float, int]]:
     return as_record({"request_id": "-", "chunks": orjson.loads(seg)})["chunks"]
 
 
@@ -70,7 +70,7 @@ def _with_rates(rec: Record, seg: bytes, chunks: Sequence[tuple[float, int]] | N
     tok_s, tpot_s = rec["decode_tok_s"], rec["tpot_s"]
     if (tok_s is None or tpot_s is None) and seg:
         if chunks is None:
-            chunks = _typed_chunks(seg)
+            chunks = typed_chunks(seg)
         rate = decode_tok_s(chunks)
         if tok_s is None:
             tok_s = rate
@@ -174,7 +174,7 @@ def _parse(segs: list[bytes]) -> tuple[FloatArray, FloatArray, npt.NDArray[np.in
     ns: list[float] = []
     rid: list[int] = []
     for i, seg in enumerate(segs):
-        for t, n in _typed_chunks(seg):
+        for t, n in typed_chunks(seg):
             ts.append(t)
             ns.append(float(n))
             rid.append(i)
@@ -207,10 +207,10 @@ class ChunkBatch:
         self._proc: BaseProcess | None = None
         if parallel:
             # fork: the reading process has no threads, and a forked child needs no importable __main__
-            methods = multiprocessing.get_all_start_methods()
-            ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            ctx = multiprocessing.get_context(method)
             self._conn, child = ctx.Pipe()
-            self._proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+            self._proc = ctx.Process(target=_worker, args=(child,), daemon=True)  # type: ignore[attr-defined]
             self._proc.start()
             child.close()
 
