@@ -256,7 +256,8 @@ class ReportBuilder:
     def build(self) -> Report:
         by = self.grouping.by
         reports = tuple(acc.report(tuple(zip(by, key, strict=True))) for key, acc in self.grouping.ordered())
-        return Report(group_by=by, groups=reports, requests=sum(g.requests for g in reports), spec=self.spec)
+        exact = self.quantiles_exact()[1]
+        return Report(by, reports, sum(g.requests for g in reports), self.spec, quantiles_exact=exact)
 
     def quantiles_exact(self) -> tuple[int, bool]:
         infos = [acc.quantile_info() for acc in self.grouping.groups.values()]
@@ -276,4 +277,5 @@ def stream_report(
     for item in items:
         builder.add(item, batch)
     batch.flush()
-    return builder.build(), builder.quantiles_exact()[1]
+    report = builder.build()
+    return report, report.quantiles_exact

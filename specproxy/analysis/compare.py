@@ -26,6 +26,7 @@ from specproxy.analysis.confidence import (
 )
 from specproxy.analysis.sample import KeySample, Reservoir
 from specproxy.analysis.scan import ChunkBatch, Item, item_of
+from specproxy.analysis.sketch import EXACT_LIMIT, RELATIVE_ERROR
 from specproxy.analysis.slo import FigureSpec, Goodput, SloSpec
 from specproxy.core.record import Record
 from specproxy.core.stats import median, percentile
@@ -188,13 +189,17 @@ class ComparisonBuilder:
         reports = {k: self.cells[k].group.report((("workload", k[0]), ("label", k[1]))) for k in keys}
         base_fig = {w: g.figure(_FIGURE_OF[metric]) for (w, lab), g in reports.items() if lab == base_label}
         rows = [self._row(k, reports[k], base_label, base_fig.get(k[0]), metric) for k in keys]
-        sampled = sum(1 for c in self.cells.values() if c.by_request.sampled)
-        notes = (
-            (f"paired speedups of {sampled} configurations come from a sample of requests chosen by hash",)
-            if sampled
-            else ()
-        )
-        return Comparison(metric, base_label, reason, tuple(self.labels), tuple(rows), notes)
+        notes: list[str] = []
+        if not all(c.group.quantile_info()[1] for c in self.cells.values()):
+            notes.append(
+                f"medians and spreads of groups with over {EXACT_LIMIT:,} values are from a DDSketch: within "
+                f"{RELATIVE_ERROR:.1%}"
+            )
+        if sampled := sum(1 for c in self.cells.values() if c.by_request.sampled):
+            notes.append(f"paired speedups of {sampled} configurations come from a sample of requests chosen by hash")
+        if any(c.rates.sampled or c.pairs.sampled for c in self.cells.values()):
+            notes.append(f"intervals resample a uniform sample of {MAX_SAMPLES:,} requests per configuration")
+        return Comparison(metric, base_label, reason, tuple(self.labels), tuple(rows), tuple(notes))
 
     def _row(
         self, key: tuple[str, str], g: GroupReport, base_label: str, base: float | None, metric: str
