@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from specproxy.analysis import sketch
 from specproxy.analysis.acceptance import Acceptance
 from specproxy.analysis.aggregate import GroupReport, Report
-from specproxy.analysis.sketch import EXACT_LIMIT, RELATIVE_ERROR
 from specproxy.analysis.slo import FigureSpec
 from specproxy.analysis.tables import Table, fmt, fmt_ms, fmt_pct, fmt_signed_pct, fmt_spread
 from specproxy.core.record import OUTCOMES
@@ -106,7 +106,7 @@ def report_tables(report: Report) -> list[Table]:
     if spec.slo is not None:
         notes.append(f"SLO: {spec.slo.describe()}; goodput counts the requests that met it over the run's span")
     if not report.quantiles_exact:
-        notes.append(SKETCH_NOTE)
+        notes.append(sketch_note())
     if repeated:
         notes.append(f"figures are medians over repeats (up to {repeated}); spread is min-max over repeats")
     approx = sum(n for g in report.groups for s, n in g.token_sources.items() if s in _APPROX_TOKENS)
@@ -198,15 +198,20 @@ def _slo_json(spec: FigureSpec) -> dict[str, Any]:
     }
 
 
-SKETCH_NOTE = (
-    f"percentiles of figures with over {EXACT_LIMIT:,} values in a group are from a DDSketch: within "
-    f"{RELATIVE_ERROR:.1%} of the exact figure"
-)
+def sketch_note() -> str:
+    return (
+        f"percentiles of figures with over {sketch.EXACT_LIMIT:,} values in a group are from a DDSketch: within "
+        f"{sketch.RELATIVE_ERROR:.1%} of the exact figure"
+    )
 
 
 def quantiles_json(exact: bool) -> dict[str, Any]:
     """How the percentiles were computed: exactly, or (some of them) within a relative error."""
-    return {"exact": exact, "exact_up_to": EXACT_LIMIT, "relative_error": 0.0 if exact else RELATIVE_ERROR}
+    return {
+        "exact": exact,
+        "exact_up_to": sketch.EXACT_LIMIT,
+        "relative_error": 0.0 if exact else sketch.RELATIVE_ERROR,
+    }
 
 
 def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:

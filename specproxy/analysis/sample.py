@@ -48,8 +48,8 @@ def key_hash(key: str) -> int:
 class KeySample:
     """Values per key for the keys whose 32-bit hash is below ``threshold``."""
 
-    def __init__(self, capacity: int = KEY_CAPACITY) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = KEY_CAPACITY if capacity is None else capacity
         self.threshold = 1 << 32
         self.values: dict[str, list[float]] = {}
 

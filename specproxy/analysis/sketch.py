@@ -116,8 +116,8 @@ class Quantiles:
 
     __slots__ = ("_arrays", "_floats", "_n", "limit", "sketch")
 
-    def __init__(self, limit: int = EXACT_LIMIT) -> None:
-        self.limit = limit
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = EXACT_LIMIT if limit is None else limit
         self._floats: list[float] = []  # single values of weight 1
         self._arrays: list[tuple[FloatArray, FloatArray | None]] = []
         self._n = 0

@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from specproxy.core.record import log
 
@@ -102,16 +102,37 @@ def run_name(path: Path) -> str:
 BLOCK = 1 << 20
 
 
-def _gz_blocks(raw: IO[bytes]) -> Iterator[bytes]:
-    """Decompressed blocks of a gzip file (every member, as gzip reads them); EOFError when the compressed stream is
-    cut short, after yielding everything it held."""
-    d = zlib.decompressobj(wbits=31)
+class _Frames:
+    """One decompressor per gzip member or zstd frame (a file may hold several, one after the other)."""
+
+    def __init__(self, compression: str) -> None:
+        self.compression = compression
+
+    def new(self) -> Any:
+        if self.compression == "gz":
+            return zlib.decompressobj(wbits=31)
+        try:
+            import zstandard
+        except ImportError:
+            raise SourceError("reading .zst needs the zstandard package (pip install zstandard)") from None
+        return zstandard.ZstdDecompressor().decompressobj()
+
+
+def _blocks(f: RunFile, raw: IO[bytes]) -> Iterator[bytes]:
+    """Decompressed blocks of a file. EOFError when the compressed stream is cut short (a frame without its end),
+    after yielding everything it held."""
+    if not f.compression:
+        while block := raw.read(BLOCK):
+            yield block
+        return
+    frames = _Frames(f.compression)
+    d = frames.new()
     fed = False
     while True:
         data = raw.read(BLOCK)
         if not data:
             if fed and not d.eof:
-                if tail := d.flush():
+                if f.compression == "gz" and (tail := d.flush()):
                     yield tail
                 raise EOFError("compressed data cut short")
             return
@@ -120,23 +141,8 @@ def _gz_blocks(raw: IO[bytes]) -> Iterator[bytes]:
             if out := d.decompress(data):
                 yield out
             data = b""
-            if d.eof:  # a member ended: another may follow
-                data, d, fed = d.unused_data, zlib.decompressobj(wbits=31), False
-
-
-def _blocks(f: RunFile, raw: IO[bytes]) -> Iterator[bytes]:
-    if f.compression == "gz":
-        yield from _gz_blocks(raw)
-        return
-    reader: IO[bytes] = raw
-    if f.compression == "zst":
-        try:
-            import zstandard
-        except ImportError:
-            raise SourceError(f"{f.path}: reading .zst needs the zstandard package (pip install zstandard)") from None
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-    while block := reader.read(BLOCK):
-        yield block
+            if d.eof:  # a member or frame ended: another may follow
+                data, d, fed = d.unused_data, frames.new(), False
 
 
 def file_lines(f: RunFile) -> Iterator[tuple[int, bytes, bool]]:
