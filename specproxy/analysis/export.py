@@ -10,6 +10,7 @@ the export (with :mod:`.inputs` for reading).
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -138,15 +139,12 @@ def export(items: Iterable[Item], output: Path, fmt: str = "parquet", chunks: st
     if chunks == "list":
         columns += [("chunk_offsets_s", "list<float64>"), ("chunk_tokens", "list<int64>")]
     writer_of = _Parquet if fmt == "parquet" else _Csv
-    main = writer_of(output, columns)
-    side = (
-        writer_of(
-            chunks_path(output),
-            [("request_id", "string"), ("chunk", "int64"), ("offset_s", "float64"), ("tokens", "int64")],
-        )
-        if chunks == "table"
-        else None
-    )
+    # written beside the target and renamed at the end: an export that fails leaves no half table behind
+    targets = [output, *([chunks_path(output)] if chunks == "table" else [])]
+    temps = [t.with_name(f".{t.name}.partial") for t in targets]
+    main = writer_of(temps[0], columns)
+    chunk_columns = [("request_id", "string"), ("chunk", "int64"), ("offset_s", "float64"), ("tokens", "int64")]
+    side = writer_of(temps[1], chunk_columns) if chunks == "table" else None
     n = 0
     try:
         for item in items:
@@ -161,8 +159,12 @@ def export(items: Iterable[Item], output: Path, fmt: str = "parquet", chunks: st
                     row += [[t for t, _ in timeline], [k for _, k in timeline]]
             main.add(row)
             n += 1
-    finally:
         main.close()
         if side is not None:
             side.close()
+        for temp, target in zip(temps, targets, strict=True):
+            os.replace(temp, target)
+    finally:
+        for temp in temps:
+            temp.unlink(missing_ok=True)
     return n
