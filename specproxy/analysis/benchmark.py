@@ -53,7 +53,19 @@ def _child(side: str, path: Path, out: Path) -> None:
     doc = (_old if side == "old" else _new)(path)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out.write_text(json.dumps({"wall_s": wall, "cpu_s": cpu, "rss_mb": rss_mb, "report": doc}))
+    worker = resource.getrusage(resource.RUSAGE_CHILDREN)  # the chunk process, when the input was big enough
+    out.write_text(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "rss_mb": rss_mb,
+                "worker_cpu_s": worker.ru_utime + worker.ru_stime,
+                "worker_rss_mb": worker.ru_maxrss / 1024,
+                "report": doc,
+            }
+        )
+    )
 
 
 def _run(side: str, path: Path, work: Path) -> dict[str, Any]:
@@ -82,12 +94,17 @@ def max_rel_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 def _table(n: int, size: int, rows: list[tuple[str, dict[str, Any] | None]], diff: float | None) -> str:
     lines = [f"records: {n:,}   file: {size / 1e6:,.0f} MB   cores: {os.cpu_count()}   load: {os.getloadavg()[0]:.1f}"]
-    lines.append(f"{'side':<10}{'wall s':>10}{'cpu s':>10}{'peak RSS MB':>14}")
+    lines.append(f"{'side':<10}{'wall s':>10}{'cpu s':>10}{'peak RSS MB':>14}{'worker cpu s':>14}{'worker RSS MB':>15}")
     for side, r in rows:
         if r is None:
             lines.append(f"{side:<10}{'skipped (--old-max)':>34}")
         else:
-            lines.append(f"{side:<10}{r['wall_s']:>10.1f}{r['cpu_s']:>10.1f}{r['rss_mb']:>14.0f}")
+            worker = (
+                f"{r['worker_cpu_s']:>14.1f}{r['worker_rss_mb']:>15.0f}"
+                if r["worker_rss_mb"]
+                else f"{'-':>14}{'-':>15}"
+            )
+            lines.append(f"{side:<10}{r['wall_s']:>10.1f}{r['cpu_s']:>10.1f}{r['rss_mb']:>14.0f}{worker}")
     if diff is not None:
         lines.append(f"largest relative difference of a figure: {diff:.2%} (sketch bound {RELATIVE_ERROR:.1%})")
     return "\n".join(lines)
