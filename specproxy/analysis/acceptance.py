@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from specproxy.attribution.counts import SpecCounts, counts_of_block
+from specproxy.attribution.counts import SpecCounts
 from specproxy.core.record import Record
 
 
@@ -75,8 +75,10 @@ class AcceptancePool:
         self.ks: Counter[int] = Counter()
         self.spec_requests = 0
         self.rec_n = 0
-        self.rec_ours = SpecCounts()
-        self.rec_counters = SpecCounts()
+        # accepted, drafts, draft tokens of the records with both a per-request figure and the counters' (the
+        # reconciliation reads no per-position counts)
+        self.rec_ours = [0.0, 0.0, 0.0]
+        self.rec_counters = [0.0, 0.0, 0.0]
 
     def add(self, rec: Record) -> None:
         spec = rec["spec"]
@@ -108,8 +110,10 @@ class AcceptancePool:
         # Only records that had a figure to report: a run without speculation has empty estimates.
         if source is not None and ours is not None and counters is not None:
             self.rec_n += 1
-            self.rec_ours = self.rec_ours + counts_of_block(ours)
-            self.rec_counters = self.rec_counters + counts_of_block(counters)
+            for sums, block in ((self.rec_ours, ours), (self.rec_counters, counters)):
+                sums[0] += block["accepted"] or 0.0
+                sums[1] += block["drafts"] or 0.0
+                sums[2] += block["draft_tokens"] or 0.0
 
     def add_steps(self, sizes: Mapping[int, int]) -> None:
         """Decode steps (tokens per step -> steps) of records without a spec block whose chunks are steps."""
@@ -124,7 +128,9 @@ class AcceptancePool:
             per_position=tuple(self.per_position),
             sources=dict(self.sources),
             tokens_per_step=dict(sorted(self.hist.items())),
-            reconciliation=Reconciliation(self.rec_n, self.rec_ours, self.rec_counters) if self.rec_n else None,
+            reconciliation=Reconciliation(self.rec_n, SpecCounts(*self.rec_ours), SpecCounts(*self.rec_counters))
+            if self.rec_n
+            else None,
             k=self.ks.most_common(1)[0][0] if self.ks else None,
         )
 
