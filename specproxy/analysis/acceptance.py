@@ -128,11 +128,15 @@ class AcceptancePool:
             per_position=tuple(self.per_position),
             sources=dict(self.sources),
             tokens_per_step=dict(sorted(self.hist.items())),
-            reconciliation=Reconciliation(self.rec_n, SpecCounts(*self.rec_ours), SpecCounts(*self.rec_counters))
+            reconciliation=Reconciliation(self.rec_n, _counts(self.rec_ours), _counts(self.rec_counters))
             if self.rec_n
             else None,
             k=self.ks.most_common(1)[0][0] if self.ks else None,
         )
+
+
+def _counts(sums: list[float]) -> SpecCounts:
+    return SpecCounts(accepted=sums[0], drafts=sums[1], draft_tokens=sums[2])
 
 
 def pool_acceptance(records: Iterable[Record]) -> Acceptance:

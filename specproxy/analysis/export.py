@@ -66,6 +66,8 @@ COLUMNS: tuple[tuple[str, str, Callable[[Record], Any]], ...] = (
     ("mean_acceptance_length", "float64", _spec("mean_acceptance_length")),
     ("spec_per_position", "string", lambda r: orjson.dumps(r["spec"]["per_position"]).decode() if r["spec"] else None),
     ("replay_of", "string", _field("replay_of")),
+    ("conversation", "string", _field("conversation")),  # multi-turn runs (record schema 3); null before
+    ("turn", "int64", _field("turn")),
 )
 
 
