@@ -7,7 +7,7 @@ reference, side by side, on a synthetic file written as the sink writes it.
 Each side runs in a fresh process (so peak RSS is its own: ``ru_maxrss``) and writes the report as JSON; the table
 gives wall time, CPU time and peak RSS per side and the largest relative difference between the two reports'
 figures (0 when every group is small enough for exact quantiles; at most the sketch's 0.5% otherwise). The in-memory
-side needs about 19 KB per record, so it is skipped above ``--old-max`` records.
+side needs about 16 KB per record, so it is skipped above ``--old-max`` records.
 """
 
 from __future__ import annotations
