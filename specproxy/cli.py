@@ -33,13 +33,14 @@ def _root(
 
 
 def _register_commands() -> None:
-    from specproxy.commands import analysis, bench, demo, health, proxy, run, sim
+    from specproxy.commands import analysis, bench, demo, export, health, proxy, run, sim
 
     demo.register(app)
     sim.register(app)
     proxy.register(app)
     run.register(app)
     analysis.register(app)
+    export.register(app)
     bench.register(app)
     health.register(app)
 

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from specproxy.attribution.counts import SpecCounts, counts_of_block
+from specproxy.attribution.counts import SpecCounts
 from specproxy.core.record import Record
 
 
@@ -61,27 +61,47 @@ def _tokens_per_step_from_chunks(rec: Record) -> Counter[int]:
     return hist
 
 
-def pool_acceptance(records: Iterable[Record]) -> Acceptance:
-    counts = SpecCounts()
-    sources: Counter[str] = Counter()
-    hist: Counter[int] = Counter()
-    ks: Counter[int] = Counter()
-    spec_requests = 0
-    rec_n = 0
-    rec_ours = SpecCounts()
-    rec_counters = SpecCounts()
-    for rec in records:
+class AcceptancePool:
+    """:func:`pool_acceptance` one record at a time: what a streaming reader feeds, in bounded memory. Records read
+    without their chunk timeline give the tokens-per-step histogram of their chunks through :meth:`add_steps`."""
+
+    def __init__(self) -> None:
+        # plain floats and a list, summed in record order: the same figures as adding SpecCounts, without an object
+        # per record
+        self.accepted = self.drafts = self.draft_tokens = 0.0
+        self.per_position: list[float] = []
+        self.sources: Counter[str] = Counter()
+        self.hist: Counter[int] = Counter()
+        self.ks: Counter[int] = Counter()
+        self.spec_requests = 0
+        self.rec_n = 0
+        # accepted, drafts, draft tokens of the records with both a per-request figure and the counters' (the
+        # reconciliation reads no per-position counts)
+        self.rec_ours = [0.0, 0.0, 0.0]
+        self.rec_counters = [0.0, 0.0, 0.0]
+
+    def add(self, rec: Record) -> None:
         spec = rec["spec"]
         if spec is None:
-            hist.update(_tokens_per_step_from_chunks(rec))
-            continue
-        spec_requests += 1
+            if rec["chunks"]:
+                self.hist.update(_tokens_per_step_from_chunks(rec))
+            return
+        self.spec_requests += 1
         source = spec["source"]
-        sources[source if source is not None else "none"] += 1
-        counts = counts + counts_of_block(spec)
+        self.sources[source if source is not None else "none"] += 1
+        self.accepted += spec["accepted"] or 0.0
+        self.drafts += spec["drafts"] or 0.0
+        self.draft_tokens += spec["draft_tokens"] or 0.0
+        pp = self.per_position
+        for i, a in enumerate(spec["per_position"]):
+            if i < len(pp):
+                pp[i] += a
+            else:
+                pp.append(0.0 + a)
         k = spec["k"]
         if k is not None and k > 0:
-            ks[int(k)] += 1
+            self.ks[int(k)] += 1
+        hist = self.hist
         for key, n in spec["tokens_per_step"].items():
             hist[int(key)] += n
         est = spec["estimates"]
@@ -89,21 +109,72 @@ def pool_acceptance(records: Iterable[Record]) -> Acceptance:
         counters = est["counters"]
         # Only records that had a figure to report: a run without speculation has empty estimates.
         if source is not None and ours is not None and counters is not None:
-            rec_n += 1
-            rec_ours = rec_ours + counts_of_block(ours)
-            rec_counters = rec_counters + counts_of_block(counters)
-    reconciliation = Reconciliation(rec_n, rec_ours, rec_counters) if rec_n else None
-    return Acceptance(
-        spec_requests=spec_requests,
-        accepted=counts.accepted,
-        drafts=counts.drafts,
-        draft_tokens=counts.draft_tokens,
-        per_position=counts.per_position,
-        sources=dict(sources),
-        tokens_per_step=dict(sorted(hist.items())),
-        reconciliation=reconciliation,
-        k=ks.most_common(1)[0][0] if ks else None,
-    )
+            self.rec_n += 1
+            for sums, block in ((self.rec_ours, ours), (self.rec_counters, counters)):
+                sums[0] += block["accepted"] or 0.0
+                sums[1] += block["drafts"] or 0.0
+                sums[2] += block["draft_tokens"] or 0.0
+
+    def add_steps(self, sizes: Mapping[int, int]) -> None:
+        """Decode steps (tokens per step -> steps) of records without a spec block whose chunks are steps."""
+        self.hist.update(sizes)
+
+    def result(self) -> Acceptance:
+        return Acceptance(
+            spec_requests=self.spec_requests,
+            accepted=self.accepted,
+            drafts=self.drafts,
+            draft_tokens=self.draft_tokens,
+            per_position=tuple(self.per_position),
+            sources=dict(self.sources),
+            tokens_per_step=dict(sorted(self.hist.items())),
+            reconciliation=Reconciliation(self.rec_n, _counts(self.rec_ours), _counts(self.rec_counters))
+            if self.rec_n
+            else None,
+            k=self.ks.most_common(1)[0][0] if self.ks else None,
+        )
+
+
+def _counts(sums: list[float]) -> SpecCounts:
+    return SpecCounts(accepted=sums[0], drafts=sums[1], draft_tokens=sums[2])
+
+
+def pool_acceptance(records: Iterable[Record]) -> Acceptance:
+    pool = AcceptancePool()
+    for rec in records:
+        pool.add(rec)
+    return pool.result()
+
+
+class ConditionalPool:
+    """:func:`conditional_rates` one record at a time."""
+
+    def __init__(self) -> None:
+        self.numer: list[float] = []
+        self.denom: list[float] = []
+
+    def add(self, rec: Record) -> None:
+        spec = rec["spec"]
+        if spec is None:
+            return
+        drafts = spec["drafts"] or 0.0
+        pp = spec["per_position"]
+        if drafts <= 0:
+            return
+        for i, a in enumerate(pp):
+            if i == len(self.numer):
+                self.numer.append(0.0)
+                self.denom.append(0.0)
+            self.numer[i] += a
+            self.denom[i] += drafts if i == 0 else pp[i - 1]
+
+    def result(self) -> tuple[float, ...]:
+        out: list[float] = []
+        for a, d in zip(self.numer, self.denom, strict=True):
+            if d <= 0:
+                break  # nothing reached this position: the curve ends here
+            out.append(min(1.0, a / d))
+        return tuple(out)
 
 
 def conditional_rates(records: Iterable[Record]) -> tuple[float, ...]:
@@ -112,28 +183,10 @@ def conditional_rates(records: Iterable[Record]) -> tuple[float, ...]:
     Each position pools only the records that drafted that deep, so runs with different k can be pooled: a k=1 run
     says nothing about position 1 and must not dilute it.
     """
-    numer: list[float] = []
-    denom: list[float] = []
+    pool = ConditionalPool()
     for rec in records:
-        spec = rec["spec"]
-        if spec is None:
-            continue
-        drafts = spec["drafts"] or 0.0
-        pp = spec["per_position"]
-        if drafts <= 0:
-            continue
-        for i, a in enumerate(pp):
-            if i == len(numer):
-                numer.append(0.0)
-                denom.append(0.0)
-            numer[i] += a
-            denom[i] += drafts if i == 0 else pp[i - 1]
-    out: list[float] = []
-    for a, d in zip(numer, denom, strict=True):
-        if d <= 0:
-            break  # nothing reached this position: the curve ends here
-        out.append(min(1.0, a / d))
-    return tuple(out)
+        pool.add(rec)
+    return pool.result()
 
 
 def expected_tokens_per_step(conditional: Sequence[float], k: int) -> float:

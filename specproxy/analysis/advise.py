@@ -77,7 +77,11 @@ class Advice:
 
 
 def config_k(records: Sequence[Record]) -> int:
-    acc = pool_acceptance(records)
+    return k_of(pool_acceptance(records))
+
+
+def k_of(acc: Acceptance) -> int:
+    """A configuration's k from its pooled acceptance: the configured k, else draft tokens per draft."""
     if acc.k:
         return acc.k
     if acc.drafts > 0:
@@ -149,28 +153,54 @@ def recommend(predictions: Sequence[KPrediction], tolerance: float = TOLERANCE) 
     return min(p.k for p in predictions if p.speedup >= best * (1.0 - tolerance))
 
 
-def _thinking(records: Sequence[Record]) -> tuple[int, int]:
-    """(requests that turned thinking on, responses that contain reasoning)."""
-    asked = shown = 0
-    for r in records:
+@dataclass(slots=True)
+class WorkloadStats:
+    """What the warnings need of a workload's records, counted one record at a time."""
+
+    requests: int = 0
+    zero_flagged: int = 0  # flag spec_zero_acceptance
+    thinking_asked: int = 0  # requests that turned thinking on
+    thinking_shown: int = 0  # responses that contain reasoning
+    streamed: int = 0
+    not_steps: int = 0  # streamed requests whose chunks don't map to engine steps
+
+    def add(self, r: Record) -> None:
+        self.requests += 1
+        flags = r["flags"]
+        if "spec_zero_acceptance" in flags:
+            self.zero_flagged += 1
         body = r["request"]
         kwargs = body.get("chat_template_kwargs") if isinstance(body, dict) else None
         if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is True:
-            asked += 1
+            self.thinking_asked += 1
         text = r["response_text"]
         if text is not None and "<think>" in text and "<think></think>" not in text.replace("\n", ""):
-            shown += 1
-    return asked, shown
+            self.thinking_shown += 1
+        if r["stream"]:
+            self.streamed += 1
+            if not r["chunks_are_steps"] or {"multi_event_reads", "stream_interval_suspected"} & set(flags):
+                self.not_steps += 1
+
+
+def stats_of(records: Iterable[Record]) -> WorkloadStats:
+    stats = WorkloadStats()
+    for r in records:
+        stats.add(r)
+    return stats
 
 
 def warnings_for(records: Sequence[Record], acc: Acceptance) -> list[str]:
+    return warnings_of(stats_of(records), acc)
+
+
+def warnings_of(stats: WorkloadStats, acc: Acceptance) -> list[str]:
     out: list[str] = []
-    zero_flagged = sum(1 for r in records if "spec_zero_acceptance" in r["flags"])
+    zero_flagged = stats.zero_flagged
     if acc.draft_tokens > 0 and (acc.acceptance_rate or 0.0) < ZERO_ACCEPTANCE:
         out.append(f"{WARN_BROKEN_HEAD} ({acc.accepted:.0f} of {acc.draft_tokens:.0f} draft tokens accepted)")
     elif zero_flagged:
         out.append(f"{zero_flagged} requests accepted no draft at all (flag spec_zero_acceptance)")
-    asked, shown = _thinking(records)
+    asked, shown = stats.thinking_asked, stats.thinking_shown
     if asked:
         out.append(
             f"thinking was on in {asked} requests (chat_template_kwargs.enable_thinking=true): reasoning text "
@@ -181,29 +211,28 @@ def warnings_for(records: Sequence[Record], acc: Acceptance) -> list[str]:
             f"{shown} responses contain <think> reasoning: thinking is on (the server's default chat template?); "
             "turn it off if the workload means it off"
         )
-    streamed = [r for r in records if r["stream"]]
-    not_steps = [
-        r
-        for r in streamed
-        if not r["chunks_are_steps"] or {"multi_event_reads", "stream_interval_suspected"} & set(r["flags"])
-    ]
-    if not_steps:
+    if stats.not_steps:
         out.append(
-            f"{len(not_steps)} of {len(streamed)} streamed requests have chunks that don't map to engine steps "
+            f"{stats.not_steps} of {stats.streamed} streamed requests have chunks that don't map to engine steps "
             "(buffering in between, or a stream interval): per-step latency and chunk-based acceptance are unreliable"
         )
-    if len(records) < MIN_REQUESTS or acc.draft_tokens < MIN_DRAFT_TOKENS:
+    if stats.requests < MIN_REQUESTS or acc.draft_tokens < MIN_DRAFT_TOKENS:
         out.append(
-            f"only {len(records)} requests and {acc.draft_tokens:.0f} draft tokens: too few for a stable figure "
+            f"only {stats.requests} requests and {acc.draft_tokens:.0f} draft tokens: too few for a stable figure "
             f"(want at least {MIN_REQUESTS} requests and {MIN_DRAFT_TOKENS} draft tokens)"
         )
     return out
 
 
 def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, max_k: int) -> WorkloadAdvice:
-    acc = pool_acceptance(records)
-    cond = conditional_rates(records)
-    warnings = warnings_for(records, acc)
+    return advise_from(workload, stats_of(records), pool_acceptance(records), conditional_rates(records), cost, max_k)
+
+
+def advise_from(
+    workload: str, stats: WorkloadStats, acc: Acceptance, cond: tuple[float, ...], cost: CostModel, max_k: int
+) -> WorkloadAdvice:
+    """The advice for one workload from what its records add up to."""
+    warnings = warnings_of(stats, acc)
     notes: list[str] = []
     if not cond:
         warnings.insert(0, "no speculative decoding in these records: run with speculation to measure acceptance")
@@ -219,7 +248,7 @@ def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, m
             )
     return WorkloadAdvice(
         workload=workload,
-        requests=len(records),
+        requests=stats.requests,
         draft_tokens=acc.draft_tokens,
         measured_k=max(acc.k or 0, len(acc.per_position)) or None,  # the deepest position measured
         acceptance_rate=acc.acceptance_rate,

@@ -72,6 +72,7 @@ class Report:
     groups: tuple[GroupReport, ...]
     requests: int
     spec: FigureSpec = DEFAULT_SPEC
+    quantiles_exact: bool = True  # False: some percentiles come from a sketch (specproxy.analysis.sketch)
 
     @property
     def figure_names(self) -> tuple[str, ...]:

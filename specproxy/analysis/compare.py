@@ -10,20 +10,23 @@ replay lines up with the request it re-sent and with other replays of it. Pure: 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from specproxy.analysis.acceptance import pool_acceptance
-from specproxy.analysis.aggregate import (
-    Figure,
-    generates,
-    group_records,
-    is_ok,
-    request_tok_s,
-    summarize_group,
-    values,
+from specproxy.analysis.acceptance import Acceptance, AcceptancePool, pool_acceptance
+from specproxy.analysis.accum import GroupAcc
+from specproxy.analysis.aggregate import Figure, GroupReport, generates, is_ok, key_value
+from specproxy.analysis.confidence import (
+    MAX_SAMPLES,
+    Interval,
+    median_of_ratios,
+    pooled_ratio,
+    ratio_of_medians,
+    speedup_verdict,
 )
-from specproxy.analysis.confidence import Interval, median_of_ratios, pooled_ratio, ratio_of_medians, speedup_verdict
+from specproxy.analysis.sample import KeySample, Reservoir
+from specproxy.analysis.scan import ChunkBatch, Item, item_of
+from specproxy.analysis.sketch import EXACT_LIMIT, RELATIVE_ERROR
 from specproxy.analysis.slo import FigureSpec, Goodput, SloSpec
 from specproxy.core.record import Record
 from specproxy.core.stats import median, percentile
@@ -74,23 +77,27 @@ class Comparison:
     baseline_reason: str
     labels: tuple[str, ...]
     rows: tuple[CompareRow, ...]
+    notes: tuple[str, ...] = ()
 
 
 def speculates(records: Iterable[Record]) -> bool:
     """Whether any record shows speculative decoding (drafts or draft tokens, or a configured k)."""
-    acc = pool_acceptance(records)
+    return _speculates(pool_acceptance(records))
+
+
+def _speculates(acc: Acceptance) -> bool:
     return acc.drafts > 0 or acc.draft_tokens > 0 or (acc.k or 0) > 0
 
 
-def choose_baseline(by_label: dict[str, list[Record]], asked: str | None) -> tuple[str, str]:
-    """(label, why). Raises ValueError when the label asked for is not in the runs."""
+def choose_baseline(by_label: Mapping[str, Acceptance], asked: str | None) -> tuple[str, str]:
+    """(label, why) from each label's pooled acceptance. Raises ValueError when the label asked for is not there."""
     labels = list(by_label)
     if asked is not None:
         if asked not in by_label:
             raise ValueError(f"baseline label {asked!r} is not in the runs; labels: {', '.join(labels)}")
         return asked, "given with --baseline"
     for label in labels:
-        if not speculates(by_label[label]):
+        if not _speculates(by_label[label]):
             return label, "the configuration without speculative decoding"
     return labels[0], "the first configuration given (none ran without speculation)"
 
@@ -100,44 +107,146 @@ def _match_key(rec: Record) -> str:
     return replay_of if replay_of is not None else rec["request_id"]
 
 
-def _rates_by_request(records: Iterable[Record]) -> dict[str, float]:
-    """Median decode tok/s per matched request (several repeats of one request collapse to their median)."""
-    per: dict[str, list[float]] = {}
-    for rec in records:
-        if is_ok(rec) and (v := request_tok_s(rec)) is not None and v > 0:
-            per.setdefault(_match_key(rec), []).append(v)
-    return {k: m for k, vs in per.items() if (m := median(vs)) is not None}
+class _Cell:
+    """One workload and label: the report group, and the per-request values the intervals and pairs need."""
+
+    def __init__(self, spec: FigureSpec) -> None:
+        self.group = GroupAcc(spec)
+        self.rates: Reservoir[float] = Reservoir(MAX_SAMPLES)
+        self.pairs: Reservoir[tuple[float, float]] = Reservoir(MAX_SAMPLES)
+        self.by_request = KeySample()
+
+    def add(self, item: Item, batch: ChunkBatch) -> None:
+        self.group.add(item, batch)
+        rec = item.rec
+        v = item.tok_s
+        if is_ok(rec) and v is not None:
+            self.rates.add(v)
+            if v > 0:
+                self.by_request.add(_match_key(rec), v)
+        spec = rec["spec"]
+        if spec is not None and spec["source"] is not None:
+            self.pairs.add((spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0))
+
+    def medians(self) -> dict[str, float]:
+        """Median decode tok/s per matched request (several repeats of one request collapse to their median)."""
+        return {k: m for k, vs in self.by_request.values.items() if (m := median(vs)) is not None}
 
 
-def _ratios(baseline: Iterable[Record], other: Iterable[Record]) -> list[float]:
-    base = _rates_by_request(baseline)
-    mine = _rates_by_request(other)
-    return [mine[k] / base[k] for k in mine.keys() & base.keys()]
+def _ratios(base: _Cell, other: _Cell) -> list[float]:
+    b, mine = base.medians(), other.medians()
+    return [mine[k] / b[k] for k in mine.keys() & b.keys()]
 
 
-def paired_speedups(baseline: Iterable[Record], other: Iterable[Record]) -> Paired | None:
-    ratios = _ratios(baseline, other)
+def _paired(ratios: Sequence[float]) -> Paired | None:
     if not ratios:
         return None
     return Paired(len(ratios), median(ratios), percentile(ratios, 10), percentile(ratios, 90))
 
 
-def _speedup_ci(metric: str, base: Sequence[Record], mine: Sequence[Record], paired: Paired | None) -> Interval | None:
+def _speedup_ci(metric: str, base: _Cell, mine: _Cell, ratios: Sequence[float]) -> Interval | None:
     if metric != "decode":
         return None  # aggregate output tok/s is one number per run: no requests to resample
-    if paired is not None and paired.pairs >= 2:
-        return median_of_ratios(_ratios(base, mine))
-    rates = [values([r for r in grp if is_ok(r)], request_tok_s) for grp in (base, mine)]
-    return ratio_of_medians(rates[0], rates[1])
+    if len(ratios) >= 2:
+        return median_of_ratios(ratios)
+    return ratio_of_medians(base.rates.items, mine.rates.items)
 
 
-def _acceptance_ci(grp: Sequence[Record]) -> Interval | None:
-    pairs = [
-        (spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0)
-        for r in grp
-        if (spec := r["spec"]) is not None and spec["source"] is not None
-    ]
-    return pooled_ratio(pairs) if any(d for _, d in pairs) else None
+class ComparisonBuilder:
+    """Feed items (:meth:`add`), flush the batch, then :meth:`build`."""
+
+    def __init__(self, slo: SloSpec | None = None) -> None:
+        self.spec = FigureSpec(slo=slo)
+        self.cells: dict[tuple[str, str], _Cell] = {}
+        self.labels: dict[str, AcceptancePool] = {}
+        self.engines: dict[tuple[str, str], set[str]] = {}
+
+    def add(self, item: Item, batch: ChunkBatch) -> None:
+        rec = item.rec
+        # Generation requests only: a proxy also records a client's /v1/models or /health calls, which have no tok/s
+        if not generates(rec):
+            return
+        label = key_value(rec, "label")
+        pool = self.labels.get(label)
+        if pool is None:
+            pool = self.labels[label] = AcceptancePool()
+        pool.add(rec)
+        key = (key_value(rec, "workload"), label)
+        cell = self.cells.get(key)
+        if cell is None:
+            cell = self.cells[key] = _Cell(self.spec)
+        cell.add(item, batch)
+        if engine := rec.get("engine"):
+            self.engines.setdefault(key, set()).add(engine)
+
+    def build(self, baseline: str | None = None, metric: str = "decode") -> Comparison:
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+        if not self.labels:
+            raise ValueError("no generation requests to compare (only /v1/models, /health or the like)")
+        base_label, reason = choose_baseline({k: p.result() for k, p in self.labels.items()}, baseline)
+        order = {lab: i for i, lab in enumerate(self.labels)}
+        workloads: dict[str, int] = {}
+        for w, _ in self.cells:
+            workloads.setdefault(w, len(workloads))
+        keys = sorted(self.cells, key=lambda k: (workloads[k[0]], order[k[1]]))
+        reports = {k: self.cells[k].group.report((("workload", k[0]), ("label", k[1]))) for k in keys}
+        base_fig = {w: g.figure(_FIGURE_OF[metric]) for (w, lab), g in reports.items() if lab == base_label}
+        rows = [self._row(k, reports[k], base_label, base_fig.get(k[0]), metric) for k in keys]
+        notes: list[str] = []
+        if not all(c.group.quantile_info()[1] for c in self.cells.values()):
+            notes.append(
+                f"medians and spreads of groups with over {EXACT_LIMIT:,} values are from a DDSketch: within "
+                f"{RELATIVE_ERROR:.1%}"
+            )
+        if sampled := sum(1 for c in self.cells.values() if c.by_request.sampled):
+            notes.append(f"paired speedups of {sampled} configurations come from a sample of requests chosen by hash")
+        if any(c.rates.sampled or c.pairs.sampled for c in self.cells.values()):
+            notes.append(f"intervals resample a uniform sample of {MAX_SAMPLES:,} requests per configuration")
+        return Comparison(metric, base_label, reason, tuple(self.labels), tuple(rows), tuple(notes))
+
+    def _row(
+        self, key: tuple[str, str], g: GroupReport, base_label: str, base: float | None, metric: str
+    ) -> CompareRow:
+        workload, label = key
+        cell = self.cells[key]
+        fig = g.figures[_FIGURE_OF[metric]]
+        if g.repeats > 1:
+            kind, lo, hi = "repeats", fig.min, fig.max
+        elif metric == "decode":
+            rates = cell.group.merged().tok_s
+            kind, lo, hi = "requests", rates.percentile(10), rates.percentile(90)
+        else:
+            kind, lo, hi = "none", None, None
+        is_base = label == base_label
+        paired = speedup_ci = None
+        base_cell = self.cells.get((workload, base_label))
+        if not is_base and base_cell is not None:
+            ratios = _ratios(base_cell, cell)
+            paired = _paired(ratios)
+            speedup_ci = _speedup_ci(metric, base_cell, cell, ratios if paired is not None else ())
+        pairs = cell.pairs.items
+        return CompareRow(
+            workload=workload,
+            label=label,
+            requests=g.requests,
+            errors=g.errors,
+            tok_s=fig,
+            spread_kind=kind,
+            spread_lo=lo,
+            spread_hi=hi,
+            speedup=fig.value / base if fig.value is not None and base else None,
+            acceptance_rate=g.acceptance.acceptance_rate,
+            mean_acceptance_length=g.acceptance.mean_acceptance_length,
+            is_baseline=is_base,
+            paired=paired,
+            goodput=Goodput(g.figure("slo_attainment"), g.figure("goodput_req_s"), g.figure("goodput_tok_s"))
+            if self.spec.slo is not None
+            else None,
+            speedup_ci=speedup_ci,
+            acceptance_ci=pooled_ratio(pairs) if any(d for _, d in pairs) else None,
+            engine=", ".join(sorted(self.engines.get(key, ()))) or None,
+        )
 
 
 def build_comparison(
@@ -145,65 +254,9 @@ def build_comparison(
 ) -> Comparison:
     """Rows per workload and label. ``metric``: ``decode`` (median per-request decode tok/s, the published figure) or
     ``output`` (aggregate output tokens per second of wall time). ``slo``: add each row's attainment and goodput."""
-    spec = FigureSpec(slo=slo)
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    # Generation requests only: a proxy also records a client's /v1/models or /health calls, which have no tok/s
-    recs = [r for r in records if generates(r)]
-    by_label = group_records(recs, ("label",))
-    if not by_label:
-        raise ValueError("no generation requests to compare (only /v1/models, /health or the like)")
-    base_label, reason = choose_baseline({k[0]: v for k, v in by_label.items()}, baseline)
-    groups = group_records(recs, ("workload", "label"))
-    base_fig: dict[str, float | None] = {}
-    for (workload, label), grp in groups.items():
-        if label == base_label:
-            base_fig[workload] = summarize_group((), grp).figure(_FIGURE_OF[metric])
-    rows: list[CompareRow] = []
-    for (workload, label), grp in groups.items():
-        g = summarize_group((("workload", workload), ("label", label)), grp, spec)
-        fig = g.figures[_FIGURE_OF[metric]]
-        if g.repeats > 1:
-            kind, lo, hi = "repeats", fig.min, fig.max
-        elif metric == "decode":
-            rates = values([r for r in grp if is_ok(r)], request_tok_s)
-            kind, lo, hi = "requests", percentile(rates, 10), percentile(rates, 90)
-        else:
-            kind, lo, hi = "none", None, None
-        base = base_fig.get(workload)
-        is_base = label == base_label
-        paired = None
-        speedup_ci = None
-        if not is_base and (workload, base_label) in groups:
-            paired = paired_speedups(groups[(workload, base_label)], grp)
-            speedup_ci = _speedup_ci(metric, groups[(workload, base_label)], grp, paired)
-        rows.append(
-            CompareRow(
-                workload=workload,
-                label=label,
-                requests=g.requests,
-                errors=g.errors,
-                tok_s=fig,
-                spread_kind=kind,
-                spread_lo=lo,
-                spread_hi=hi,
-                speedup=fig.value / base if fig.value is not None and base else None,
-                acceptance_rate=g.acceptance.acceptance_rate,
-                mean_acceptance_length=g.acceptance.mean_acceptance_length,
-                is_baseline=is_base,
-                paired=paired,
-                goodput=Goodput(g.figure("slo_attainment"), g.figure("goodput_req_s"), g.figure("goodput_tok_s"))
-                if slo is not None
-                else None,
-                speedup_ci=speedup_ci,
-                acceptance_ci=_acceptance_ci(grp),
-                engine=", ".join(sorted({e for r in grp if (e := r["engine"])})) or None,
-            )
-        )
-    return Comparison(
-        metric=metric,
-        baseline=base_label,
-        baseline_reason=reason,
-        labels=tuple(k[0] for k in by_label),
-        rows=tuple(rows),
-    )
+    builder = ComparisonBuilder(slo)
+    batch = ChunkBatch()
+    for rec in records:
+        builder.add(item_of(rec), batch)
+    batch.flush()
+    return builder.build(baseline, metric)

@@ -2,8 +2,9 @@
 
 Charts: decode tok/s by configuration, acceptance by workload, the per-position acceptance curve, the tokens-per-step
 histogram, TTFT, inter-token and inter-step distributions (CDFs), and requests in flight over time; then the report's
-tables. A few lines of inline script record, on each chart, how many data marks were drawn with a non-zero size
-(``data-drawn``), so a headless browser can check that the charts rendered. Pure: report and records in, text out.
+tables. What the charts draw is gathered by :mod:`.html_input` in the report's one pass over the records. A few
+lines of inline script record, on each chart, how many data marks were drawn with a non-zero size (``data-drawn``),
+so a headless browser can check that the charts rendered. Pure: report and chart data in, text out.
 """
 
 from __future__ import annotations
@@ -11,21 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from specproxy.analysis.aggregate import (
-    Report,
-    describe_key,
-    field_getter,
-    gaps,
-    generates,
-    group_records,
-    in_flight,
-    is_ok,
-    summarize_group,
-    values,
-)
-from specproxy.analysis.svg import Line, Series, bar_chart, cdf_points, line_chart
+from specproxy.analysis.aggregate import Report, describe_key
+from specproxy.analysis.html_input import ChartInput
+from specproxy.analysis.svg import Line, Series, bar_chart, line_chart
 from specproxy.analysis.tables import Table
-from specproxy.core.record import Record
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -67,13 +57,11 @@ def _table_html(t: Table) -> str:
     return f"{title}<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{notes}"
 
 
-def charts(report: Report, records: Sequence[Record]) -> list[str]:
-    # the charts are about generation: a client's /v1/models or /health calls would be empty categories
-    records = [r for r in records if generates(r)] or list(records)
-    by_wl = group_records(records, ("workload", "label"))
+def charts(report: Report, data: ChartInput) -> list[str]:
+    by_wl = {k: acc for k, acc in data.by_wl.ordered()}
     workloads = list(dict.fromkeys(w for w, _ in by_wl))
     labels = list(dict.fromkeys(lab for _, lab in by_wl))
-    summaries = {k: summarize_group((("workload", k[0]), ("label", k[1])), v) for k, v in by_wl.items()}
+    summaries = {k: acc.report((("workload", k[0]), ("label", k[1]))) for k, acc in by_wl.items()}
 
     def series(metric: str, scale: float, only_spec: bool = False) -> list[Series]:
         out: list[Series] = []
@@ -129,24 +117,18 @@ def charts(report: Report, records: Sequence[Record]) -> list[str]:
         if total:
             hist.append((describe_key(g.key), [h.get(n, 0) / total * 100.0 for n in sizes]))
     out.append(bar_chart("tokens_per_step", "Tokens per decode step", [str(n) for n in sizes], hist, "% of steps"))
-    by_group = group_records(records, report.group_by)
     ttft: list[Line] = []
     itl: list[Line] = []
     step: list[Line] = []
-    for key, recs in by_group.items():
+    for key, lat in data.latency.items():
         name = " / ".join(key)
-        ok = [r for r in recs if is_ok(r)]
-        ttft.append((name, cdf_points(values(ok, field_getter("ttft_s")), 1000.0)))
-        s, t = gaps(ok)
-        itl.append((name, cdf_points(t, 1000.0)))
-        step.append((name, cdf_points(s, 1000.0)))
+        ttft.append((name, lat.ttft.cdf_points(1000.0)))
+        itl.append((name, lat.itl.cdf_points(1000.0)))
+        step.append((name, lat.step.cdf_points(1000.0)))
     out.append(line_chart("ttft", "Time to first token (CDF)", ttft, "ms", "fraction of requests", y_max=1.0))
     out.append(line_chart("itl", "Inter-token latency (CDF)", itl, "ms", "fraction of tokens", y_max=1.0))
     out.append(line_chart("step", "Inter-step latency (CDF)", step, "ms", "fraction of steps", y_max=1.0))
-    timeline: list[Line] = [
-        (lab, [(float(t), float(n)) for t, n in in_flight(recs)])
-        for (lab,), recs in group_records(records, ("label",)).items()
-    ]
+    timeline: list[Line] = [(lab, data.in_flight(lab)) for lab in data.spans]
     out.append(
         line_chart(
             "timeline", "Requests in flight", timeline, "seconds since the run's first request", "requests", step=True
@@ -157,12 +139,12 @@ def charts(report: Report, records: Sequence[Record]) -> list[str]:
 
 def render_html(
     report: Report,
-    records: Sequence[Record],
+    data: ChartInput,
     tables: Sequence[Table],
     title: str = "specproxy report",
     inputs: Sequence[str] = (),
 ) -> str:
-    figures = "".join(f"<figure>{svg}</figure>" for svg in charts(report, records))
+    figures = "".join(f"<figure>{svg}</figure>" for svg in charts(report, data))
     body_tables = "".join(_table_html(t) for t in tables)
     sources = "".join(f"<li>{escape(i)}</li>" for i in inputs)
     return (

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from specproxy.analysis import sketch
 from specproxy.analysis.acceptance import Acceptance
 from specproxy.analysis.aggregate import GroupReport, Report
 from specproxy.analysis.slo import FigureSpec
@@ -104,6 +105,8 @@ def report_tables(report: Report) -> list[Table]:
     notes: list[str] = []
     if spec.slo is not None:
         notes.append(f"SLO: {spec.slo.describe()}; goodput counts the requests that met it over the run's span")
+    if not report.quantiles_exact:
+        notes.append(sketch_note())
     if repeated:
         notes.append(f"figures are medians over repeats (up to {repeated}); spread is min-max over repeats")
     approx = sum(n for g in report.groups for s, n in g.token_sources.items() if s in _APPROX_TOKENS)
@@ -195,6 +198,22 @@ def _slo_json(spec: FigureSpec) -> dict[str, Any]:
     }
 
 
+def sketch_note() -> str:
+    return (
+        f"percentiles of figures with over {sketch.EXACT_LIMIT:,} values in a group are from a DDSketch: within "
+        f"{sketch.RELATIVE_ERROR:.1%} of the exact figure"
+    )
+
+
+def quantiles_json(exact: bool) -> dict[str, Any]:
+    """How the percentiles were computed: exactly, or (some of them) within a relative error."""
+    return {
+        "exact": exact,
+        "exact_up_to": sketch.EXACT_LIMIT,
+        "relative_error": 0.0 if exact else sketch.RELATIVE_ERROR,
+    }
+
+
 def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "kind": "specproxy.report",
@@ -202,6 +221,7 @@ def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:
         "inputs": list(inputs),
         "group_by": list(report.group_by),
         "requests": report.requests,
+        "quantiles": quantiles_json(report.quantiles_exact),
         **({"slo": _slo_json(report.spec)} if report.spec.slo is not None else {}),
         "groups": [
             {

@@ -58,7 +58,7 @@ def compare_tables(c: Comparison) -> list[Table]:
     )
     spread = {"repeats": "min-max over repeats", "requests": "p10-p90 over requests"}
     kinds = sorted({spread[r.spread_kind] for r in c.rows if r.spread_kind in spread})
-    notes = [f"baseline: {c.baseline} ({c.baseline_reason})"]
+    notes = [f"baseline: {c.baseline} ({c.baseline_reason})", *c.notes]
     if kinds:
         notes.append("spread: " + "; ".join(kinds))
     if any(r.speedup_ci for r in c.rows):
@@ -103,6 +103,7 @@ def compare_json(c: Comparison, inputs: Sequence[str] = ()) -> dict[str, Any]:
         "baseline": c.baseline,
         "baseline_reason": c.baseline_reason,
         "labels": list(c.labels),
+        "notes": list(c.notes),
         "rows": [
             {
                 "workload": r.workload,

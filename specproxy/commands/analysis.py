@@ -1,8 +1,9 @@
 """The analysis commands: ``report``, ``compare``, ``advise`` and ``roofline``.
 
-Each command parses its options into a frozen config, validates it (a bad value is a one-line error, exit 2), reads
-the runs, and hands records to the pure functions of :mod:`specproxy.analysis`. Reading is synchronous: these
-commands have no network IO, so they don't go through the event loop.
+Each command parses its options into a frozen config, validates it (a bad value is a one-line error, exit 2), then
+reads the runs once, as a stream (:func:`specproxy.analysis.inputs.read_runs`), into the accumulators of
+:mod:`specproxy.analysis` and renders what they add up to: memory stays bounded whatever the runs' size. Reading is
+synchronous: these commands have no network IO, so they don't go through the event loop.
 """
 
 from __future__ import annotations
@@ -17,27 +18,21 @@ import orjson
 import typer
 
 from specproxy.analysis import render, render_advise, render_compare
-from specproxy.analysis.advise import DEFAULT_MAX_K, build_advice
-from specproxy.analysis.aggregate import (
-    DEFAULT_GROUP_BY,
-    DEFAULT_SPEC,
-    GROUP_FIELDS,
-    build_report,
-    field_getter,
-    group_records,
-    is_ok,
-    request_tok_s,
-)
-from specproxy.analysis.aggregate import values as record_values
-from specproxy.analysis.compare import METRICS, build_comparison
+from specproxy.analysis.accum import Grouping, ReportBuilder
+from specproxy.analysis.advise import DEFAULT_MAX_K
+from specproxy.analysis.advise_input import AdviseInput
+from specproxy.analysis.aggregate import DEFAULT_GROUP_BY, DEFAULT_SPEC, GROUP_FIELDS, is_ok
+from specproxy.analysis.compare import METRICS, ComparisonBuilder
 from specproxy.analysis.html import render_html
-from specproxy.analysis.inputs import InputError, load_runs
+from specproxy.analysis.html_input import ChartInput
+from specproxy.analysis.inputs import InputError, read_runs, worth_a_second_process
 from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
+from specproxy.analysis.scan import ChunkBatch, Item
+from specproxy.analysis.sketch import Quantiles
 from specproxy.analysis.slo import FigureSpec, SloSpec, parse_percentiles, parse_slo
 from specproxy.analysis.tables import Table, render_csv, render_md, render_text
 from specproxy.commands.common import command, fail
-from specproxy.core.record import Record
-from specproxy.core.stats import median
+from specproxy.core.record import number
 
 REPORT_FORMATS = ("table", "md", "csv", "json", "html")
 TABLE_FORMATS = ("table", "md", "csv", "json")
@@ -50,10 +45,15 @@ RunsArg = Annotated[
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write here instead of stdout.")]
 
 
-def _runs(paths: Sequence[Path]) -> list[Record]:
-    """The runs' records; a run that cannot be read is a clean failure (exit 2) naming the path."""
+def _scan(paths: Sequence[Path], *feeds: Callable[[Item, ChunkBatch], None]) -> None:
+    """One pass over the runs' records into ``feeds``; a run that cannot be read is a clean failure (exit 2) naming
+    the path and line."""
+    batch = ChunkBatch(parallel=worth_a_second_process(paths))
     try:
-        return load_runs(paths)
+        for item in read_runs(paths):
+            for feed in feeds:
+                feed(item, batch)
+        batch.flush()
     except InputError as e:
         fail(str(e))
 
@@ -135,12 +135,17 @@ def parse_by(value: str) -> tuple[str, ...]:
 
 
 def run_report(cfg: ReportConfig) -> None:
-    records = _runs(cfg.runs)
-    report = build_report(records, cfg.by, cfg.spec)
+    builder = ReportBuilder(cfg.by, cfg.spec)
+    charts = ChartInput(cfg.by) if cfg.format == "html" else None
+    _scan(cfg.runs, builder.add, *([charts.add] if charts is not None else []))
+    if charts is not None and not charts.items:  # no generation request at all: chart everything instead
+        charts = ChartInput(cfg.by, only_generating=False)
+        _scan(cfg.runs, charts.add)
+    report = builder.build()
     inputs = [str(p) for p in cfg.runs]
     tables = render.report_tables(report)
-    if cfg.format == "html":
-        text = render_html(report, records, tables, cfg.title, inputs)
+    if charts is not None:
+        text = render_html(report, charts, tables, cfg.title, inputs)
     else:
         text = _tabular(cfg.format, tables, render.report_csv(report), render.report_json(report, inputs))
     _emit(text, cfg.output)
@@ -157,9 +162,10 @@ class CompareConfig:
 
 
 def run_compare(cfg: CompareConfig) -> None:
-    records = _runs(cfg.runs)
+    builder = ComparisonBuilder(cfg.slo)
+    _scan(cfg.runs, builder.add)
     try:
-        c = build_comparison(records, cfg.baseline, cfg.metric, cfg.slo)
+        c = builder.build(cfg.baseline, cfg.metric)
     except ValueError as e:
         fail(str(e))
     text = _tabular(
@@ -184,15 +190,15 @@ class AdviseConfig:
 
 
 def run_advise(cfg: AdviseConfig) -> None:
-    records = _runs(cfg.runs)
+    data = AdviseInput(cfg.workloads)
+    _scan(cfg.runs, data.add)
     if cfg.workloads:
-        known = set(group_records(records, ("workload",)))
-        missing = [w for w in cfg.workloads if (w,) not in known]
+        missing = [w for w in cfg.workloads if w not in data.seen]
         if missing:
-            fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(k[0] for k in known)}")
-        records = [r for r in records if r["workload"] in cfg.workloads]
-    baseline = _runs(cfg.baseline_runs) if cfg.baseline_runs else []
-    advice = build_advice(records, baseline, draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s, max_k=cfg.max_k)
+            fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(data.seen)}")
+    if cfg.baseline_runs:
+        _scan(cfg.baseline_runs, lambda item, batch: data.add(item, batch, baseline=True))
+    advice = data.advice(draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s, max_k=cfg.max_k)
     if cfg.format == "json":
         text = _json(render_advise.advise_json(advice, [str(p) for p in cfg.runs]))
     else:
@@ -215,13 +221,28 @@ class RooflineConfig:
     output: Path | None
 
 
-def _measurements(records: Sequence[Record]) -> list[tuple[str, float | None, float | None]]:
+class _Rates:
+    """Decode tok/s and recorded read bytes per token of one group's finished requests."""
+
+    def __init__(self) -> None:
+        self.tok_s, self.read_bytes = Quantiles(), Quantiles()
+
+    def add(self, item: Item) -> None:
+        if is_ok(item.rec):
+            if item.tok_s is not None:
+                self.tok_s.add(item.tok_s)
+            if (rb := number(item.rec.get("read_bytes_per_token"))) is not None:
+                self.read_bytes.add(rb)
+
+
+def _measurements(paths: Sequence[Path]) -> list[tuple[str, float | None, float | None]]:
     """(workload / label, median decode tok/s, median recorded read bytes per token) per group."""
+    grouping = Grouping(DEFAULT_GROUP_BY, _Rates)
+    _scan(paths, lambda item, batch: grouping.get(item).add(item))
     out: list[tuple[str, float | None, float | None]] = []
-    for key, recs in group_records(records, DEFAULT_GROUP_BY).items():
-        ok = [r for r in recs if is_ok(r)]
-        rb = median(record_values(ok, field_getter("read_bytes_per_token")))
-        out.append((" / ".join(key), median(record_values(ok, request_tok_s)), rb if rb and rb > 0 else None))
+    for key, r in grouping.ordered():
+        rb = r.read_bytes.percentile(50.0)
+        out.append((" / ".join(key), r.tok_s.percentile(50.0), rb if rb and rb > 0 else None))
     return out
 
 
@@ -236,7 +257,7 @@ def run_roofline(cfg: RooflineConfig) -> None:
     if cfg.measured_tok_s is not None:
         measured.append(("given", cfg.measured_tok_s, None))
     if cfg.runs:
-        measured.extend(_measurements(_runs(cfg.runs)))
+        measured.extend(_measurements(cfg.runs))
     rows = render_advise.roofline_rows(r, measured)
     _emit(
         _tabular(

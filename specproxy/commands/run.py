@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from specproxy.analysis.inputs import InputError, read_run
 from specproxy.commands.common import CommandError, command, fail, run_async
 from specproxy.commands.options import (
     ApiKeyOpt,
@@ -25,7 +26,6 @@ from specproxy.commands.options import (
     check_engine,
 )
 from specproxy.commands.proxy import CAPTURES, check_tokenizer, check_url, tokenize_url
-from specproxy.core.record import RecordError, read_records
 from specproxy.core.schedule import ARRIVALS, check_schedule
 from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.loadgen.dialect_bodies import DIALECT_ENDPOINTS
@@ -321,15 +321,12 @@ def register(app: typer.Typer) -> None:
         if capture not in CAPTURES:
             raise typer.BadParameter(f"--capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
         tokenizer = check_tokenizer(tokenizer)
-        try:
-            records = list(read_records(recording))
-        except RecordError as e:
+        try:  # a stream (rotations and .gz/.zst included): the plan keeps only what it re-sends
+            plan = plan_replay(
+                (item.rec for item in read_run(recording)), speed=None if max_speed else speed, model=model
+            )
+        except InputError as e:
             fail(str(e))
-        except OSError as e:
-            fail(f"{recording}: cannot read: {e.strerror or e}")
-        if not records:
-            fail(f"{recording}: no records to replay")
-        plan = plan_replay(records, speed=None if max_speed else speed, model=model)
         out_path = out or _default_out("replay", label)
         if out_path.resolve() == recording.resolve():
             raise typer.BadParameter("--out must not be the recording being replayed")

@@ -216,7 +216,7 @@ def read_records(path: str | Path) -> Iterator[Record]:
                     if not line.endswith(b"\n"):
                         log.warning("%s: skipped a partial last line (a write cut short)", f)
                         continue
-                    if _cut_short(line):
+                    if cut_short(line):
                         log.warning("%s:%d: skipped a partial line (a write cut short, then appended to)", f, lineno)
                         continue
                     raise RecordError(f"{f}:{lineno}: {e}") from e
@@ -226,7 +226,7 @@ def read_records(path: str | Path) -> Iterator[Record]:
                     yield rec
 
 
-def _cut_short(line: bytes) -> bool:
+def cut_short(line: bytes) -> bool:
     """Whether a line is the start of a JSON object whose end is missing: what an interrupted append leaves, as
     opposed to a line damaged anywhere else (which stays an error)."""
     line = line.strip()

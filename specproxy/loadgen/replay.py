@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from specproxy.core.record import Record
 from specproxy.core.schedule import scaled_offsets
@@ -61,6 +62,14 @@ class ReplayPlan:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Resend:
+    body: dict[str, Any]
+    workload: str
+    request_id: str
+    path: str
+
+
 def sendable_path(path: str) -> bool:
     """Whether a recorded path can follow the target in a URL and stay on the target: an origin-form request target
     (RFC 9112 3.2.1: it starts with "/"), not "//" (a network-path reference to another host, RFC 3986 4.2), and no
@@ -74,9 +83,12 @@ def sendable_path(path: str) -> bool:
 
 
 def plan_replay(records: Iterable[Record], *, speed: float | None, model: str | None = None) -> ReplayPlan:
-    """``speed`` None: as fast as the concurrency cap allows. ``model`` replaces every body's model when given."""
+    """``speed`` None: as fast as the concurrency cap allows. ``model`` replaces every body's model when given.
+
+    ``records`` may be a stream: of each record only what is re-sent is kept (start time, body, path, workload, id),
+    never its chunk timeline or response text, so a plan costs what its bodies cost."""
     recorded = no_body = not_post = no_time = bad_path = not_json = 0
-    keep: list[tuple[float, Record]] = []
+    keep: list[tuple[float, _Resend]] = []
     for rec in records:
         recorded += 1
         started = rec["started_at"]
@@ -91,21 +103,21 @@ def plan_replay(records: Iterable[Record], *, speed: float | None, model: str | 
         elif started is None:
             no_time += 1
         else:
-            keep.append((float(started), rec))
+            keep.append((float(started), _Resend(rec["request"], rec["workload"], rec["request_id"], rec["path"])))
     keep.sort(key=lambda tr: tr[0])  # stable: equal start times keep the file's order
     offsets = scaled_offsets([t for t, _ in keep], speed) if speed is not None else [0.0] * len(keep)
     timed: list[tuple[float, PlannedRequest]] = []
-    for i, (offset, (_, rec)) in enumerate(zip(offsets, keep, strict=True)):
-        body = dict(rec["request"])
+    for i, (offset, (_, resend)) in enumerate(zip(offsets, keep, strict=True)):
+        body = dict(resend.body)
         if model is not None:
             body["model"] = model
         entry = PlannedRequest(
             index=i,
-            workload=rec["workload"],
-            item_id=rec["request_id"],
-            path=rec["path"] or "/v1/chat/completions",
+            workload=resend.workload,
+            item_id=resend.request_id,
+            path=resend.path or "/v1/chat/completions",
             body=body,
-            replay_of=str(rec["request_id"]),
+            replay_of=str(resend.request_id),
         )
         timed.append((offset, entry))
     return ReplayPlan(tuple(timed), recorded, no_body, not_post, no_time, bad_path, not_json)

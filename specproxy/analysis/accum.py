@@ -1,0 +1,281 @@
+"""The report's figures in one pass: per-group accumulators fed record by record, in bounded memory.
+
+The same figures as :mod:`specproxy.analysis.aggregate` (which computes them from lists of records and stays the
+exact reference), with the same definitions: latency and decode-rate figures from requests that finished ``ok``,
+counts over every request, one partition per (``run_id``, ``repeat``) when records carry a repeat index and the
+median over partitions with the min-max spread. What changes is that nothing holds the records: each group keeps
+counters, sums and a :class:`specproxy.analysis.sketch.Quantiles` per latency figure (exact up to
+:data:`specproxy.analysis.sketch.EXACT_LIMIT` values, a DDSketch within 0.5% beyond), and chunk timelines reach the
+groups through :class:`specproxy.analysis.scan.ChunkBatch`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
+
+from specproxy.analysis.acceptance import AcceptancePool
+from specproxy.analysis.aggregate import (
+    DEFAULT_GROUP_BY,
+    DEFAULT_SPEC,
+    GROUP_FIELDS,
+    Figure,
+    GroupReport,
+    Report,
+    combine,
+    is_ok,
+    key_value,
+)
+from specproxy.analysis.scan import ChunkBatch, GapSink, Item, StepSink
+from specproxy.analysis.sketch import Quantiles
+from specproxy.analysis.slo import FigureSpec, percentile_name
+
+T = TypeVar("T")
+
+
+class PartAcc:
+    """One partition's figures (:func:`specproxy.analysis.aggregate.scalar_figures`), accumulated."""
+
+    __slots__ = (
+        "accepted",
+        "draft_tokens",
+        "drafts",
+        "e2e",
+        "first_start",
+        "good",
+        "good_tokens",
+        "itl",
+        "judged",
+        "last_end",
+        "spans",
+        "step",
+        "tok_s",
+        "tokens",
+        "tpot",
+        "ttft",
+    )
+
+    def __init__(self) -> None:
+        self.tok_s, self.ttft, self.tpot, self.e2e = Quantiles(), Quantiles(), Quantiles(), Quantiles()
+        self.itl, self.step = Quantiles(), Quantiles()
+        self.first_start, self.last_end, self.spans = math.inf, -math.inf, 0
+        self.tokens = 0.0
+        self.accepted = self.drafts = self.draft_tokens = 0.0
+        self.judged = self.good = 0
+        self.good_tokens = 0
+
+    def add(self, item: Item, ok: bool, spec: FigureSpec) -> None:
+        rec = item.rec
+        if ok:
+            if item.tok_s is not None:
+                self.tok_s.add(item.tok_s)
+            if (v := rec["ttft_s"]) is not None:
+                self.ttft.add(v)
+            if item.tpot_s is not None:
+                self.tpot.add(item.tpot_s)
+            if (v := rec["e2e_s"]) is not None:
+                self.e2e.add(v)
+        s, e = rec["started_at"], rec["e2e_s"]
+        if s is not None and e is not None:
+            self.spans += 1
+            self.first_start = min(self.first_start, s)
+            self.last_end = max(self.last_end, s + e)
+        self.tokens += rec["completion_tokens"] or 0.0
+        block = rec["spec"]
+        if block is not None:
+            self.accepted += block["accepted"] or 0.0
+            self.drafts += block["drafts"] or 0.0
+            self.draft_tokens += block["draft_tokens"] or 0.0
+        if spec.slo is not None and spec.slo.for_workload(rec["workload"]) is not None:
+            self.judged += 1
+            if spec.slo.met_by(rec):
+                self.good += 1
+                self.good_tokens += rec["completion_tokens"] or 0
+
+    def gap_targets(self) -> tuple[Quantiles, Quantiles | None]:
+        return self.step, self.itl
+
+    def merge(self, other: PartAcc) -> None:
+        for name in ("tok_s", "ttft", "tpot", "e2e", "itl", "step"):
+            getattr(self, name).merge(getattr(other, name))
+        self.first_start = min(self.first_start, other.first_start)
+        self.last_end = max(self.last_end, other.last_end)
+        self.spans += other.spans
+        self.tokens += other.tokens
+        self.accepted += other.accepted
+        self.drafts += other.drafts
+        self.draft_tokens += other.draft_tokens
+        self.judged += other.judged
+        self.good += other.good
+        self.good_tokens += other.good_tokens
+
+    def samples(self) -> dict[str, Quantiles]:
+        return {"ttft": self.ttft, "itl": self.itl, "step": self.step, "tpot": self.tpot, "e2e": self.e2e}
+
+    def figures(
+        self, spec: FigureSpec, rates: tuple[float | None, float | None] | None = None
+    ) -> dict[str, float | None]:
+        span = self.last_end - self.first_start if self.spans else 0.0
+        out: dict[str, float | None] = {
+            "decode_tok_s_p50": self.tok_s.percentile(50.0),
+            "output_tok_s": self.tokens / span if self.spans and span > 0 else None,
+        }
+        samples = self.samples()
+        for metric, ps in spec.percentiles.items():
+            for p in ps:
+                out[percentile_name(metric, p)] = samples[metric].percentile(p)
+        if rates is None:
+            rates = (
+                self.accepted / self.draft_tokens if self.draft_tokens > 0 else None,
+                1.0 + self.accepted / self.drafts if self.drafts > 0 else None,
+            )
+        out["acceptance_rate"], out["mean_acceptance_length"] = rates
+        if spec.slo is not None:
+            ok_span = span > 0
+            out.update(
+                slo_attainment=self.good / self.judged if self.judged else None,
+                goodput_req_s=self.good / span if self.judged and ok_span else None,
+                goodput_tok_s=self.good_tokens / span if self.judged and ok_span else None,
+            )
+        return out
+
+
+class GroupAcc:
+    """One group of a report: counts, pooled acceptance, and its partitions."""
+
+    def __init__(self, spec: FigureSpec = DEFAULT_SPEC, *, gaps: bool = True) -> None:
+        self.spec = spec
+        self.gaps = gaps  # False: no latency gaps wanted (their figures are None), chunks are not parsed for them
+        self.requests = 0
+        self.outcomes: Counter[str] = Counter()
+        self.token_sources: Counter[str] = Counter()
+        self.chunks_not_steps = 0
+        self.truncated = 0
+        self.pool = AcceptancePool()
+        self.parts: dict[tuple[str, str], PartAcc] = {}
+        self.repeated = False
+
+    def add(self, item: Item, batch: ChunkBatch) -> None:
+        rec = item.rec
+        self.requests += 1
+        self.outcomes[rec["outcome"]] += 1
+        self.token_sources[rec["token_source"]] += 1
+        if rec["stream"] and not rec["chunks_are_steps"]:
+            self.chunks_not_steps += 1
+        if rec["truncated"]:
+            self.truncated += 1
+        self.pool.add(rec)
+        if rec["repeat"] is not None:
+            self.repeated = True
+        key = (key_value(rec, "run_id"), key_value(rec, "repeat"))
+        part = self.parts.get(key)
+        if part is None:
+            part = self.parts[key] = PartAcc()
+        ok = is_ok(rec)
+        part.add(item, ok, self.spec)
+        gaps: list[GapSink] = [part] if ok and self.gaps else []
+        steps: list[StepSink] = [self.pool] if rec["spec"] is None and rec["chunks_are_steps"] else []
+        batch.add(item.seg, gaps, steps)
+
+    def merged(self) -> PartAcc:
+        whole = PartAcc()
+        for part in self.parts.values():
+            whole.merge(part)
+        return whole
+
+    def report(self, key: tuple[tuple[str, str], ...]) -> GroupReport:
+        acceptance = self.pool.result()
+        if self.repeated:
+            per_part = [p.figures(self.spec) for p in self.parts.values()]
+        else:  # one partition of everything; acceptance pooled in record order, as the reference does
+            rates = (acceptance.acceptance_rate, acceptance.mean_acceptance_length)
+            per_part = [self.merged().figures(self.spec, rates)]
+        figures: dict[str, Figure] = combine(per_part, self.spec.names)
+        return GroupReport(
+            key=key,
+            requests=self.requests,
+            outcomes=dict(self.outcomes),
+            repeats=len(self.parts) if self.repeated else 0,
+            figures=figures,
+            acceptance=acceptance,
+            token_sources=dict(self.token_sources),
+            chunks_not_steps=self.chunks_not_steps,
+            truncated=self.truncated,
+        )
+
+    def quantile_info(self) -> tuple[int, bool]:
+        """(the most values one figure holds, whether every figure is exact)."""
+        most, exact = 0, True
+        for part in self.parts.values():
+            for q in (part.tok_s, *part.samples().values()):
+                most = max(most, len(q))
+                exact = exact and q.exact
+        return most, exact
+
+
+class Grouping(Generic[T]):
+    """Accumulators per group of items, keys in order of each field's first appearance (as ``group_records``)."""
+
+    def __init__(self, by: Sequence[str], make: Callable[[], T]) -> None:
+        unknown = [f for f in by if f not in GROUP_FIELDS]
+        if unknown or not by:
+            raise ValueError(
+                f"cannot group by {','.join(unknown) or '(nothing)'}; choose from {','.join(GROUP_FIELDS)}"
+            )
+        self.by = tuple(by)
+        self.make = make
+        self.groups: dict[tuple[str, ...], T] = {}
+        self.first_seen: list[dict[str, int]] = [{} for _ in by]
+
+    def get(self, item: Item) -> T:
+        rec = item.rec
+        key = tuple(key_value(rec, f) for f in self.by)
+        acc = self.groups.get(key)
+        if acc is None:
+            for seen, v in zip(self.first_seen, key, strict=True):
+                seen.setdefault(v, len(seen))
+            acc = self.groups[key] = self.make()
+        return acc
+
+    def ordered(self) -> list[tuple[tuple[str, ...], T]]:
+        return sorted(self.groups.items(), key=lambda kv: [s[v] for s, v in zip(self.first_seen, kv[0], strict=True)])
+
+
+class ReportBuilder:
+    """Feed items (:meth:`add`), flush the batch, then :meth:`build` the :class:`Report`."""
+
+    def __init__(self, by: Sequence[str] = DEFAULT_GROUP_BY, spec: FigureSpec = DEFAULT_SPEC) -> None:
+        self.spec = spec
+        self.grouping: Grouping[GroupAcc] = Grouping(by, lambda: GroupAcc(spec))
+
+    def add(self, item: Item, batch: ChunkBatch) -> None:
+        self.grouping.get(item).add(item, batch)
+
+    def build(self) -> Report:
+        by = self.grouping.by
+        reports = tuple(acc.report(tuple(zip(by, key, strict=True))) for key, acc in self.grouping.ordered())
+        exact = self.quantiles_exact()[1]
+        return Report(by, reports, sum(g.requests for g in reports), self.spec, quantiles_exact=exact)
+
+    def quantiles_exact(self) -> tuple[int, bool]:
+        infos = [acc.quantile_info() for acc in self.grouping.groups.values()]
+        return max((m for m, _ in infos), default=0), all(e for _, e in infos)
+
+
+def stream_report(
+    items: Iterable[Item],
+    by: Sequence[str] = DEFAULT_GROUP_BY,
+    spec: FigureSpec = DEFAULT_SPEC,
+    *,
+    parallel: bool = False,
+) -> tuple[Report, bool]:
+    """The report of a stream of items, and whether every quantile in it is exact."""
+    builder = ReportBuilder(by, spec)
+    batch = ChunkBatch(parallel=parallel)
+    for item in items:
+        builder.add(item, batch)
+    batch.flush()
+    report = builder.build()
+    return report, report.quantiles_exact

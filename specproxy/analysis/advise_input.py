@@ -1,0 +1,98 @@
+"""What ``specproxy advise`` needs of the runs, gathered in one streaming pass; the decisions stay in
+:mod:`specproxy.analysis.advise`.
+
+Per configuration (label): the inter-step gaps of its finished requests (a :class:`Quantiles`, for the median the
+cost fit uses) and its pooled acceptance (for its k). Per workload: pooled and conditional acceptance and the counts
+behind the warnings. Generation requests only, as :func:`specproxy.analysis.advise.build_advice` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specproxy.analysis.acceptance import AcceptancePool, ConditionalPool
+from specproxy.analysis.advise import (
+    DEFAULT_MAX_K,
+    Advice,
+    WorkloadStats,
+    advise_from,
+    cost_model,
+    k_of,
+)
+from specproxy.analysis.aggregate import generates, is_ok, key_value
+from specproxy.analysis.scan import ChunkBatch, Item
+from specproxy.analysis.sketch import Quantiles
+
+
+@dataclass
+class _Label:
+    steps: Quantiles = field(default_factory=Quantiles)
+    pool: AcceptancePool = field(default_factory=AcceptancePool)
+
+    def gap_targets(self) -> tuple[Quantiles, Quantiles | None]:
+        return self.steps, None
+
+
+@dataclass
+class _Workload:
+    pool: AcceptancePool = field(default_factory=AcceptancePool)
+    cond: ConditionalPool = field(default_factory=ConditionalPool)
+    stats: WorkloadStats = field(default_factory=WorkloadStats)
+
+
+class AdviseInput:
+    """Feed the runs' items (:meth:`add`), and the baseline runs' with ``baseline=True``; flush the batch; then
+    :meth:`advice`."""
+
+    def __init__(self, only: tuple[str, ...] = ()) -> None:
+        self.only = frozenset(only)  # only these workloads (the runs' other records are left out entirely)
+        self.seen: dict[str, None] = {}  # every workload of the runs, in order
+        self.labels: dict[str, _Label] = {}
+        self.baseline: dict[str, _Label] = {}
+        self.workloads: dict[str, _Workload] = {}
+
+    def add(self, item: Item, batch: ChunkBatch, *, baseline: bool = False) -> None:
+        rec = item.rec
+        if not baseline:
+            self.seen[rec["workload"]] = None
+            if self.only and rec["workload"] not in self.only:
+                return
+        if not generates(rec):
+            return
+        labels = self.baseline if baseline else self.labels
+        name = key_value(rec, "label")
+        lab = labels.get(name)
+        if lab is None:
+            lab = labels[name] = _Label()
+        if not baseline:
+            lab.pool.add(rec)
+            wl = self.workloads.get(rec["workload"])
+            if wl is None:
+                wl = self.workloads[rec["workload"]] = _Workload()
+            wl.pool.add(rec)
+            wl.cond.add(rec)
+            wl.stats.add(rec)
+        if is_ok(rec):
+            batch.add(item.seg, [lab])
+
+    def points(self) -> list[tuple[int, float]]:
+        """(k, median inter-step gap) per configuration; a baseline run is k = 0 whatever its records say."""
+        out: list[tuple[int, float]] = []
+        for labels, is_base in ((self.labels, False), (self.baseline, True)):
+            for lab in labels.values():
+                m = lab.steps.percentile(50.0)
+                if m is not None and m > 0:
+                    out.append((0 if is_base else k_of(lab.pool.result()), m))
+        return out
+
+    def advice(
+        self, *, draft_cost: float | None = None, base_step_s: float | None = None, max_k: int = DEFAULT_MAX_K
+    ) -> Advice:
+        cost = cost_model(self.points(), draft_cost, base_step_s)
+        return Advice(
+            cost=cost,
+            workloads=tuple(
+                advise_from(w, wl.stats, wl.pool.result(), wl.cond.result(), cost, max_k)
+                for w, wl in self.workloads.items()
+            ),
+        )
