@@ -14,7 +14,7 @@ size, so only runs at the same concurrency should be fitted together. Pure: reco
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specproxy.analysis.acceptance import (
     Acceptance,
@@ -23,6 +23,7 @@ from specproxy.analysis.acceptance import (
     pool_acceptance,
 )
 from specproxy.analysis.aggregate import gaps, generates, group_records, is_ok
+from specproxy.analysis.confidence import Interval, bootstrap_many, pooled_ratio, speedup_verdict
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
@@ -54,6 +55,11 @@ class KPrediction:
     speedup: float
     tok_s: float | None
     extrapolated: bool
+    speedup_ci: Interval | None = None  # 95%, over the workload's requests (acceptance resampled; cost as fitted)
+
+    @property
+    def verdict(self) -> str:
+        return speedup_verdict(self.speedup, self.speedup_ci) if self.k else "-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,7 @@ class WorkloadAdvice:
     recommended_k: int | None
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
+    acceptance_ci: Interval | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +207,30 @@ def warnings_for(records: Sequence[Record], acc: Acceptance) -> list[str]:
     return out
 
 
+def _with_intervals(
+    records: Sequence[Record], preds: tuple[KPrediction, ...], cost: CostModel, max_k: int
+) -> tuple[KPrediction, ...]:
+    """Each predicted speedup's 95% interval: the workload's requests resampled, conditional acceptance measured
+    again, the speedups predicted again (the cost model held as fitted)."""
+    spec = [r for r in records if r["spec"] is not None and (r["spec"]["drafts"] or 0) > 0]
+
+    def stat(draw: list[list[Record]]) -> list[float | None]:
+        cond = conditional_rates(draw[0])
+        return [p.speedup for p in predict(cond, cost, max_k)] if cond else [None] * (max_k + 1)
+
+    cis = bootstrap_many([spec], stat)
+    return tuple(replace(p, speedup_ci=cis[p.k] if p.k < len(cis) else None) for p in preds)
+
+
+def acceptance_ci(records: Sequence[Record]) -> Interval | None:
+    pairs = [
+        (spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0)
+        for r in records
+        if (spec := r["spec"]) is not None and spec["source"] is not None
+    ]
+    return pooled_ratio(pairs) if any(d for _, d in pairs) else None
+
+
 def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, max_k: int) -> WorkloadAdvice:
     acc = pool_acceptance(records)
     cond = conditional_rates(records)
@@ -210,7 +241,7 @@ def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, m
         preds: tuple[KPrediction, ...] = ()
         rec_k: int | None = None
     else:
-        preds = predict(cond, cost, max_k)
+        preds = _with_intervals(records, predict(cond, cost, max_k), cost, max_k)
         rec_k = recommend(preds)
         if max_k > len(cond):
             notes.append(
@@ -228,6 +259,7 @@ def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, m
         recommended_k=rec_k,
         warnings=tuple(warnings),
         notes=tuple(notes),
+        acceptance_ci=acceptance_ci(records),
     )
 
 

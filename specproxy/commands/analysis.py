@@ -18,6 +18,7 @@ import typer
 
 from specproxy.analysis import render, render_advise, render_compare
 from specproxy.analysis.advise import DEFAULT_MAX_K, build_advice
+from specproxy.analysis.advise_measured import measured_rows
 from specproxy.analysis.aggregate import (
     DEFAULT_GROUP_BY,
     DEFAULT_SPEC,
@@ -29,6 +30,7 @@ from specproxy.analysis.aggregate import (
     request_tok_s,
 )
 from specproxy.analysis.aggregate import values as record_values
+from specproxy.analysis.batchcost import build_batch_advice
 from specproxy.analysis.compare import METRICS, build_comparison
 from specproxy.analysis.html import render_html
 from specproxy.analysis.inputs import InputError, load_runs
@@ -181,6 +183,7 @@ class AdviseConfig:
     workloads: tuple[str, ...]
     format: str
     output: Path | None
+    slo: SloSpec | None = None
 
 
 def run_advise(cfg: AdviseConfig) -> None:
@@ -193,10 +196,13 @@ def run_advise(cfg: AdviseConfig) -> None:
         records = [r for r in records if r["workload"] in cfg.workloads]
     baseline = _runs(cfg.baseline_runs) if cfg.baseline_runs else []
     advice = build_advice(records, baseline, draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s, max_k=cfg.max_k)
+    measured = measured_rows(records, baseline, cfg.slo)
+    batch = build_batch_advice([*baseline, *records], cfg.max_k)
     if cfg.format == "json":
-        text = _json(render_advise.advise_json(advice, [str(p) for p in cfg.runs]))
+        doc = render_advise.advise_json(advice, [str(p) for p in cfg.runs])
+        text = _json(doc | render_advise.advise_extra_json(measured, batch))
     else:
-        tables = render_advise.advise_tables(advice)
+        tables = render_advise.advise_tables(advice) + render_advise.advise_extra_tables(measured, batch)
         body = render_md(tables) if cfg.format == "md" else render_text(tables)
         text = render_advise.cost_text(advice) + "\n\n" + body
     _emit(text, cfg.output)
@@ -316,8 +322,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         format: Annotated[str, typer.Option("--format", "-f", help="table, md or json.")] = "table",
         output: OutputOpt = None,
+        slo: SloOpt = None,
     ) -> None:
-        """Predicted speedup for k = 1..8 from acceptance per position, the recommended k, and warnings."""
+        """Predicted speedup per k (95% intervals), the recommended k, measured speedups and goodput, k per batch."""
         if draft_cost is not None and not 0.0 <= draft_cost <= 10.0:
             fail(f"--draft-cost must be between 0 and 10, got {draft_cost}")
         if base_step_ms is not None and not base_step_ms > 0:
@@ -333,6 +340,7 @@ def register(app: typer.Typer) -> None:
             tuple(workload or ()),
             _choice(format, ADVISE_FORMATS, "--format"),
             output,
+            figure_spec(None, slo).slo,
         )
         run_advise(cfg)
 
