@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,12 +57,12 @@ class RecorderConfig:
     # model that improves with every scrape interval: their records wait for it to settle up to this long.
     calibration_hold_s: float = 60.0
     rotate_bytes: int = 256 * 1024 * 1024
-    # Rotated files kept (0: all). Runs keep all, since they read their records back; the proxy's --rotate-keep sets it.
-    rotate_keep: int = 0
+    rotate_keep: int = 0  # rotated files kept (0: all); runs keep all (they read their records back)
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES  # records waiting for the disk; past it they are lost
     run_id: str | None = None
     tokenizer: str | None = None  # --tokenizer: a tokenizer.json to count text with, or "server" (tokenize_url)
     tokenize_url: str | None = None
+    observers: tuple[Callable[[Record], object], ...] = ()  # also given each record, e.g. live SLO figures
 
 
 class Recorder:
@@ -176,7 +176,8 @@ class Recorder:
             rec = self._minimal_record(trace, "proxy_error" if outcome == "ok" else outcome, f"{error or ''} {e}")
         self.sink.put(rec)
         try:
-            self._observe(rec)
+            for observe in (self._observe, *self.config.observers):
+                observe(rec)
         except Exception:
             log.exception("updating metrics for %s failed", rid)
 
