@@ -13,22 +13,25 @@ import pytest
 
 from specproxy.analysis.batchcost import build_batch_advice
 from specproxy.analysis.sweep import build_sweep
+from specproxy.commands.sweep import analyse, render
 from specproxy.core.record import read_records
-from specproxy.sim import DEFAULT_PROFILES, SimConfig
-from specproxy.sim import costs
+from specproxy.sim import SimConfig, costs
 
-COMPUTE = 0.0008  # knee at batch 7 without speculation, near 2 with k = 2: speculation crosses over early
+COMPUTE = 0.001  # knee at batch 5 without speculation, near 2 with k = 2: speculation crosses over early
 SPEED = 2.0
 K = 2
 LEVELS = (1, 2, 4, 8)
 PROFILE = {"code_agent": "code", "ja_chat": "ja_chat"}  # which simulator profile each built-in workload draws
+# Acceptance with margins: with k = 2 the truth's speedup is 1.36, 1.28, 0.89, 0.70 (chat) and 1.71, 1.61, 1.12, 0.89
+# (code) at 1, 2, 4, 8 streams, so each crossover is at least 11% clear of 1.00 on both sides.
+ACCEPT = {"code": (0.8, 0.75, 0.72), "ja_chat": (0.6, 0.5, 0.45)}
 TRUTH = SimConfig(compute_s_per_token=COMPUTE, speed=SPEED)
 
 
-def _sim(extra: str) -> str:
+def _sim(profiles: Path, extra: str) -> str:
     return (
         f"{sys.executable} -m specproxy sim --listen 127.0.0.1:{{port}} --speed {SPEED:g} "
-        f"--compute-s-per-token {COMPUTE} {extra}"
+        f"--compute-s-per-token {COMPUTE} --profiles {profiles} {extra}"
     )
 
 
@@ -46,12 +49,14 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     d = tmp_path_factory.mktemp("sweep")
+    profiles = d / "profiles.json"
+    profiles.write_bytes(orjson.dumps({name: {"accept": list(a)} for name, a in ACCEPT.items()}))
     p = cli(
         "sweep",
         "--baseline",
-        "Base=" + _sim("--spec-method none"),
+        "Base=" + _sim(profiles, "--spec-method none"),
         "--candidate",
-        f"MTP-n{K}=" + _sim(f"--spec-method mtp -k {K}"),
+        f"MTP-n{K}=" + _sim(profiles, f"--spec-method mtp -k {K}"),
         "--concurrency",
         ",".join(map(str, LEVELS)),
         "--requests",
@@ -70,9 +75,14 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return d / "sweep.jsonl", p.stdout
 
 
+def _index(stop: float | None) -> int:
+    """A level's place in the sweep; a crossover beyond the last level is one place past it."""
+    return LEVELS.index(int(stop)) if stop is not None else len(LEVELS)
+
+
 def _truth_stop(workload: str) -> int | None:
     """The first sweep level at which the simulator's own speedup is no longer above 1."""
-    accept = DEFAULT_PROFILES[PROFILE[workload]].accept
+    accept = ACCEPT[PROFILE[workload]]
     return next((lv for lv in LEVELS if costs.speedup(TRUTH, lv, K, accept) <= 1.0), None)
 
 
@@ -81,7 +91,9 @@ def test_the_simulator_has_a_knee_that_comes_sooner_the_more_a_step_verifies() -
     assert all(k is not None for k in knees)
     assert knees == sorted(knees, reverse=True)  # more tokens verified per step: compute-bound at a smaller batch
     # memory-bound below the knee: a draft costs the same at batch 1 and 2; beyond, it costs more with every stream
-    assert costs.draft_cost(TRUTH, 1, K) == pytest.approx(costs.draft_cost(TRUTH, 2, K), rel=0.05)
+    knee_k1 = costs.knee_batch(TRUTH, 1)
+    assert knee_k1 is not None and knee_k1 > 2
+    assert costs.draft_cost(TRUTH, 1, 1) == pytest.approx(costs.draft_cost(TRUTH, 2, 1), rel=0.05)
     assert costs.draft_cost(TRUTH, 4, K) < costs.draft_cost(TRUTH, 8, K) < costs.draft_cost(TRUTH, 16, K)
     assert costs.knee_batch(SimConfig(), K) is None  # no compute roof by default
 
@@ -94,11 +106,11 @@ def test_sweep_finds_the_simulators_crossover_within_one_level(sweep: tuple[Path
         truth = _truth_stop(workload)
         assert truth is not None and truth > 1  # the truth has a crossover inside the sweep, after its first level
         found = next(c for c in result.crossovers if c.workload == workload)
-        assert found.stops_at is not None, (workload, stdout)
-        assert abs(LEVELS.index(int(found.stops_at)) - LEVELS.index(truth)) <= 1, (workload, found, truth)
+        assert abs(_index(found.stops_at) - LEVELS.index(truth)) <= 1, (workload, found, truth, stdout)
     # the workload that accepts less stops paying at a lower load, as the truth says
     code, ja = (next(c for c in result.crossovers if c.workload == w) for w in ("code_agent", "ja_chat"))
-    assert ja.stops_at is not None and code.stops_at is not None and ja.stops_at <= code.stops_at
+    assert _truth_stop("ja_chat") == 4 and _truth_stop("code_agent") == 8  # the truth the margins above describe
+    assert _index(ja.stops_at) <= _index(code.stops_at)
     assert "beats Base up to" in stdout and "num_speculative_tokens_per_batch_size" in stdout
 
 
@@ -122,7 +134,8 @@ def test_the_sweep_page_has_its_plots_and_its_json_the_answer(sweep: tuple[Path,
     for chart in ("sweep_tok_s_0", "sweep_speedup_0", "sweep_acceptance_0", "draft_cost"):
         assert f'data-chart="{chart}"' in html.stdout
     assert html.stdout.count('class="mark"') > 20 and "beats Base" in html.stdout
-    doc = orjson.loads(cli("sweep", "--from", str(path), "-f", "json", cwd=path.parent).stdout)
+    records = list(read_records(path))
+    doc = orjson.loads(render(*analyse(records, None, None, 8), "json", "", [str(path)]))
     assert doc["kind"] == "specproxy.sweep" and doc["levels"] == list(map(float, LEVELS))
     cand = [r for r in doc["rows"] if r["label"] != "Base" and r["workload"] != "(all)"]
     assert cand and all(r["speedup_ci"] and r["acceptance_ci"] and r["paired_requests"] > 0 for r in cand)
