@@ -21,7 +21,7 @@ from specproxy.sim.records import RequestTruth, StepOutput, Totals
 from specproxy.sim.wire import ParsedRequest
 
 # None on a queue means the server is shutting down.
-MAX_LAG_S = 0.05
+MAX_LAG_S = 0.25
 OutputQueue = asyncio.Queue[StepOutput | None]
 
 
