@@ -77,12 +77,12 @@ async def test_identical_configurations_give_a_speedup_interval_holding_one(tmp_
     """The sweep core as another command calls it: one target, levels in, records per level out; run twice on the
     same simulator under two labels, the speedups' intervals hold 1.00 and say so."""
     out = tmp_path / "same.jsonl"
-    async with running_sim(speed=20.0) as sim:
+    async with running_sim(speed=4.0) as sim:  # slow enough that the model's time, not the machine's, sets the pace
         for label in ("A", "B"):
             spec = LoadSpec(
                 target=Target(sim.url),
                 workloads=(load_workload("ja_chat"), load_workload("code_agent")),
-                body=BodyOptions(model="", max_tokens=48),
+                body=BodyOptions(model="", max_tokens=32),
                 recorder=RecorderConfig(record_path=str(out), metrics_url=sim.url + "/metrics", label=label),
                 seed=0,
             )
