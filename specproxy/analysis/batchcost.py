@@ -27,6 +27,7 @@ from specproxy.analysis.advise import TOLERANCE, config_k, fit_cost
 from specproxy.analysis.aggregate import generates, group_records, is_ok
 from specproxy.analysis.confidence import Interval, bootstrap_many
 from specproxy.analysis.inflight import decode_in_flight
+from specproxy.analysis.sweep import level_of
 from specproxy.core.record import Record
 from specproxy.core.stats import median, step_and_token_gaps
 
@@ -86,6 +87,7 @@ class BatchAdvice:
     single_k: int | None  # for engines that take one k
     enough: bool
     reason: str  # why there is no per-batch answer, or "" when there is
+    single_k_basis: str = ""  # how the loads were weighed for single_k
 
 
 def _request_step_s(rec: Record) -> float | None:
@@ -219,8 +221,10 @@ def build_batch_advice(records: Sequence[Record], max_k: int = 8) -> BatchAdvice
     }
     mix = list(conds.values())
     schedule = _ranges(fitted, [best_k(mix, b.draft_cost or 0.0, max_k) for b in fitted])
-    # one k for every load: the best of the mean speedup, each bucket weighted by the decode time spent there
-    weights = [max(b.decode_share, 1e-9) for b in fitted]
+    # one k for every load: the best mean speedup over the batch sizes seen, each weighted by the decode time spent
+    # there (the load a recording saw), or all alike for a sweep, whose levels are its own choice, not the traffic's
+    swept = all(level_of(r) is not None for r in recs)
+    weights = [1.0 if swept else max(b.decode_share, 1e-9) for b in fitted]
     score = {
         k: sum(w * _mix_speedup(mix, b.draft_cost or 0.0, k) for w, b in zip(weights, fitted, strict=True))
         / sum(weights)
@@ -228,7 +232,8 @@ def build_batch_advice(records: Sequence[Record], max_k: int = 8) -> BatchAdvice
     }
     best = max(score.values())
     single = 0 if best <= 1.0 else min(k for k, s in score.items() if s >= best * (1.0 - TOLERANCE))
-    return BatchAdvice(buckets, per_workload, schedule, single, True, "")
+    basis = "the batch sizes swept weighed alike" if swept else "weighed by the decode time spent at each"
+    return BatchAdvice(buckets, per_workload, schedule, single, True, "", basis)
 
 
 def _mix_speedup(mix: Sequence[tuple[float, Sequence[float]]], c: float, k: int) -> float:

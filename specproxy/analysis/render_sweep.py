@@ -128,8 +128,8 @@ def engine_lines(b: BatchAdvice) -> list[str]:
         if (d := disable_by_batch_size(b.schedule)) is not None:
             out.append(f'vLLM without a schedule: "disable_by_batch_size": {d} in --speculative-config')
     out.append(
-        f"one k for every load (engines without a schedule, e.g. SGLang's --speculative-num-steps): k={b.single_k}"
-        + (" (don't speculate)" if b.single_k == 0 else "")
+        f"one k for every load (engines without a schedule, e.g. SGLang's --speculative-num-steps; "
+        f"{b.single_k_basis}): k={b.single_k}" + (" (don't speculate)" if b.single_k == 0 else "")
     )
     return out
 
@@ -139,6 +139,9 @@ def answer_lines(s: SweepResult, b: BatchAdvice | None) -> list[str]:
     out: list[str] = []
     slo = f" under SLO {s.slo.describe()}" if s.slo is not None else ""
     out.append(f"Sweep over {s.kind} {', '.join(f'{v:g}' for v in s.levels)}{slo}; baseline {s.baseline}.")
+    for w in s.workloads:
+        if w != ALL and (best := best_by_level(s, w)):
+            out.append(f"  {w}: best measured: " + "; ".join(best))
     for c in s.crossovers:
         if c.workload == ALL:
             continue
@@ -148,9 +151,42 @@ def answer_lines(s: SweepResult, b: BatchAdvice | None) -> list[str]:
             line += (
                 f"; at {c.beats_up_to:g} {_unit(s.kind)}: {last.speedup:.2f}x [{ci_x(last.speedup_ci)}], {last.verdict}"
             )
+            if last.goodput is not None and last.goodput.attainment is not None:
+                line += f", SLO met by {last.goodput.attainment:.0%}"
         out.append(line)
     if b is not None:
         out.extend("  " + x for x in (engine_lines(b) if b.enough else [f"k per batch size: {b.reason}"]))
+    return out
+
+
+def best_by_level(s: SweepResult, workload: str) -> list[str]:
+    """Per level, the configuration with the highest speedup among those measurably faster than the baseline (the
+    lower end of the interval above 1) and, with an SLO, meeting it as often as the baseline; else the baseline.
+    Neighbouring levels with the same answer are merged."""
+    picks: list[tuple[float, str]] = []
+    for lv in s.levels:
+        faster = [
+            r
+            for r in s.rows
+            if r.workload == workload and r.level == lv and r.speedup is not None and r.verdict == "faster"
+        ]
+        base = s.row(s.baseline, workload, lv)
+        floor = base.goodput.attainment if base is not None and base.goodput is not None else None
+        if floor is not None:  # with an SLO: only what meets it at least as often as the baseline does
+            faster = [r for r in faster if r.goodput is not None and (r.goodput.attainment or 0.0) >= floor]
+        best = max(faster, key=lambda r: r.speedup or 0.0, default=None)
+        picks.append(
+            (lv, f"{best.label} ({best.speedup:.2f}x)" if best is not None else f"{s.baseline} (no speculation)")
+        )
+    out: list[str] = []
+    i = 0
+    while i < len(picks):
+        j = i
+        while j + 1 < len(picks) and picks[j + 1][1].split(" (")[0] == picks[i][1].split(" (")[0]:
+            j += 1
+        where = f"{picks[i][0]:g}" if i == j else f"{picks[i][0]:g}-{picks[j][0]:g}"
+        out.append(f"{picks[i][1].split(' (')[0]} at {where} {_unit(s.kind)}")
+        i = j + 1
     return out
 
 

@@ -19,7 +19,7 @@ import orjson
 from specproxy.analysis.acceptance import pool_acceptance
 from specproxy.analysis.aggregate import generates, group_records, is_ok, output_tok_s, request_tok_s, values
 from specproxy.analysis.compare import choose_baseline
-from specproxy.analysis.confidence import Interval, median_of_ratios, pooled_ratio, ratio_of_medians, speedup_verdict
+from specproxy.analysis.confidence import Interval, bootstrap_many, pooled_ratio, ratio_of_medians, speedup_verdict
 from specproxy.analysis.inflight import decode_in_flight
 from specproxy.analysis.slo import Goodput, SloSpec, goodput
 from specproxy.core.record import Record
@@ -121,13 +121,22 @@ def _rates(records: Iterable[Record]) -> dict[str, float]:
 
 
 def speedup_interval(base: Sequence[Record], mine: Sequence[Record]) -> tuple[Interval | None, int]:
-    """The speedup's 95% interval, paired by request when at least half of the requests pair up."""
+    """The 95% interval of the speedup (median decode tok/s over the baseline's). When at least half of the requests
+    pair up (the same request sent to both), the pairs are resampled together and the ratio of medians computed on
+    each resample; otherwise each side is resampled on its own."""
     b, m = _rates(base), _rates(mine)
-    common = b.keys() & m.keys()
+    common = sorted(b.keys() & m.keys())
     if len(common) >= 2 and 2 * len(common) >= min(len(b), len(m)):
-        return median_of_ratios([m[k] / b[k] for k in common]), len(common)
+        pairs = [(b[k], m[k]) for k in common]
+        cis = bootstrap_many([pairs], _paired_ratio)
+        return (cis[0] if cis else None), len(common)
     rates = [values([r for r in grp if is_ok(r)], request_tok_s) for grp in (base, mine)]
     return ratio_of_medians(rates[0], rates[1]), 0
+
+
+def _paired_ratio(draw: list[list[tuple[float, float]]]) -> list[float | None]:
+    mb, mm = median([x for x, _ in draw[0]]), median([y for _, y in draw[0]])
+    return [mm / mb if mb and mm is not None else None]
 
 
 def acceptance_interval(records: Sequence[Record]) -> Interval | None:
