@@ -193,6 +193,7 @@ def sweep_charts(s: SweepResult, b: BatchAdvice | None) -> list[str]:
             ]
 
         cands = [lab for lab in s.labels if lab != s.baseline]
+        hues = [s.labels.index(lab) for lab in cands]  # each configuration keeps its colour in every chart
         name = "all workloads" if w == ALL else w
         out.append(
             line_chart(
@@ -220,6 +221,7 @@ def sweep_charts(s: SweepResult, b: BatchAdvice | None) -> list[str]:
                 log2_x=True,
                 ref_y=1.0,
                 whiskers=whisk,
+                colors=hues,
             )
         )
         if s.slo is not None:
@@ -244,6 +246,7 @@ def sweep_charts(s: SweepResult, b: BatchAdvice | None) -> list[str]:
                 markers=True,
                 log2_x=True,
                 y_max=100.0,
+                colors=hues,
             )
         )
     if b is not None and b.buckets:

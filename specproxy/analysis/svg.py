@@ -40,7 +40,7 @@ def _label(v: float) -> str:
     return f"{v:g}" if abs(v) < 1e5 else f"{v:.2g}"
 
 
-def _frame(name: str, title: str, body: list[str], legend: Sequence[str]) -> str:
+def _frame(name: str, title: str, body: list[str], legend: Sequence[str], colors: Sequence[int] = ()) -> str:
     # the legend goes under the chart, wrapped into as many rows as its entries need
     items = []
     x, row = LEFT, 0
@@ -49,7 +49,7 @@ def _frame(name: str, title: str, body: list[str], legend: Sequence[str]) -> str
         if x > LEFT and x + width > WIDTH - RIGHT:
             x, row = LEFT, row + 1
         y = HEIGHT + 4 + 16 * row
-        color = PALETTE[i % len(PALETTE)]
+        color = PALETTE[(colors[i] if i < len(colors) else i) % len(PALETTE)]
         items.append(
             f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}"/>'
             f'<text x="{x + 14}" y="{y + 9}" font-size="11">{escape(text)}</text>'
@@ -146,9 +146,11 @@ def line_chart(
     log2_x: bool = False,
     ref_y: float | None = None,
     whiskers: Sequence[Sequence[tuple[float, float, float]]] = (),
+    colors: Sequence[int] = (),
 ) -> str:
     """``log2_x``: x values are drawn on a log-2 axis (loads that double); ``ref_y``: a dashed reference line (1.00x);
-    ``whiskers``: per line, (x, lo, hi) intervals drawn as vertical bars."""
+    ``whiskers``: per line, (x, lo, hi) intervals drawn as vertical bars; ``colors``: per line, its palette index
+    (so a configuration keeps its colour across charts that show only some of them)."""
     if log2_x:
         lines = [(n, [(math.log2(px), py) for px, py in ps if px > 0]) for n, ps in lines]
         whiskers = [[(math.log2(wx), lo, hi) for wx, lo, hi in ws if wx > 0] for ws in whiskers]
@@ -191,7 +193,7 @@ def line_chart(
     for i, (lname, ps) in enumerate(lines):
         if not ps:
             continue
-        color = PALETTE[i % len(PALETTE)]
+        color = PALETTE[(colors[i] if i < len(colors) else i) % len(PALETTE)]
         d = [f"M{x(ps[0][0]):.1f},{y(ps[0][1]):.1f}"]
         for qx, qy in ps[1:]:
             d.append(f"H{x(qx):.1f}V{y(qy):.1f}" if step else f"L{x(qx):.1f},{y(qy):.1f}")
@@ -210,7 +212,7 @@ def line_chart(
                 f"<title>{escape(lname)}: {py:.3g} at {2**px if log2_x else px:g}</title></circle>"
                 for px, py in ps
             )
-    return _frame(name, title, body, [n for n, _ in lines])
+    return _frame(name, title, body, [n for n, _ in lines], colors)
 
 
 def cdf_points(values: Sequence[float], scale: float = 1.0, max_points: int = 200) -> list[tuple[float, float]]:
