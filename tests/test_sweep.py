@@ -8,13 +8,20 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from analysisutil import make_record, write_run
+from analysisutil import baseline_records, make_record, profile_records, write_run
 from proxyutil import running_proxy
 from simutil import CODE_PROMPT, JA_PROMPT, chat_body, running_sim
 from test_cli import main
 
 from specproxy.analysis.advise_measured import measured_rows
-from specproxy.analysis.batchcost import KRange, bucket_of, bucket_range, disable_by_batch_size, vllm_schedule
+from specproxy.analysis.batchcost import (
+    KRange,
+    bucket_of,
+    bucket_range,
+    build_batch_advice,
+    disable_by_batch_size,
+    vllm_schedule,
+)
 from specproxy.analysis.inflight import InFlight, decode_in_flight
 from specproxy.analysis.slo import parse_slo
 from specproxy.analysis.sweep import build_sweep
@@ -151,3 +158,20 @@ def test_bad_arguments_are_one_line(
     code, _, err = main(capsys, *(a.format(tmp=tmp_path) for a in args))
     lines = [x for x in err.splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and line in lines[0] and "Traceback" not in err, err
+
+
+def test_one_load_is_too_few_batch_sizes_and_advise_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Sequential requests (one in flight): the draft cost is measured at one batch size only; advise answers with
+    its single-load advice, says why there is no k per batch size, and with --slo adds goodput per configuration."""
+    spec = profile_records([0.8, 0.7, 0.6], 3, requests=20, draft_cost=0.2)
+    base = baseline_records(requests=20)
+    batch = build_batch_advice([*base, *spec])
+    fitted = [b for b in batch.buckets if b.draft_cost is not None]
+    assert [(b.lo, b.hi) for b in fitted] == [(1, 1)] and fitted[0].draft_cost == pytest.approx(0.2, rel=0.02)
+    assert not batch.enough and "needs at least 2" in batch.reason and batch.schedule == ()
+    run, ref = write_run(tmp_path / "mtp.jsonl", spec), write_run(tmp_path / "base.jsonl", base)
+    code, out, err = main(capsys, "advise", str(run), "--baseline-run", str(ref), "--slo", "e2e=10s")
+    assert code == 0, err
+    assert "no k per batch size: the draft cost could be measured at 1 batch size(s)" in out
+    measured = next(line for line in out.splitlines() if line.startswith("chat") and "MTP-n3" in line)
+    assert "100.0%" in measured and "faster" in measured  # SLO met by all; faster with an interval above 1
