@@ -7,12 +7,14 @@ request, then analyses what it recorded. ``--from FILE`` analyses the records of
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 import typer
 
 from specproxy.analysis.batchcost import BatchAdvice, build_batch_advice
@@ -26,7 +28,7 @@ from specproxy.commands.common import CommandError, command, fail, run_async
 from specproxy.commands.proxy import check_url
 from specproxy.commands.run import _load_workloads, _writable
 from specproxy.core.record import Record, read_records
-from specproxy.exitcodes import EXIT_FAILURE, EXIT_SIGINT
+from specproxy.exitcodes import EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.loadgen.plan import BodyOptions
 from specproxy.loadgen.runner import LoadSpec
 from specproxy.loadgen.target import Target, TargetError
@@ -115,8 +117,6 @@ def analyse(
 
 def render(result: SweepResult, batch: BatchAdvice, fmt: str, title: str, inputs: list[str]) -> str:
     if fmt == "json":
-        import orjson
-
         return orjson.dumps(sweep_json(result, batch, inputs), option=orjson.OPT_INDENT_2).decode() + "\n"
     tables = sweep_tables(result) + batch_tables(batch)
     if fmt == "html":
@@ -250,7 +250,7 @@ def register(app: typer.Typer) -> None:
         result, batch = analyse(records, servers[0].label if len(servers) > 1 else None, slo_spec, max_k)
         _emit(render(result, batch, format, title, [str(out_path)]), output)
         if signum is not None:
-            raise typer.Exit(EXIT_SIGINT if signum == 2 else 128 + signum)
+            raise typer.Exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
 
 
 async def _servers_errors(coro: Awaitable[int | None]) -> int | None:
