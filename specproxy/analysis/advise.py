@@ -43,7 +43,7 @@ WARN_BROKEN_HEAD = "drafts produced, every one rejected: is the speculative head
 class CostModel:
     draft_cost: float
     base_step_s: float | None
-    source: str  # "given", "fitted" or "default"
+    source: str  # "given", "fitted", "default" or "lowest load" (records at several batch sizes)
     points: tuple[tuple[int, float], ...]  # (k, median inter-step gap in seconds) per configuration
 
 
@@ -270,12 +270,18 @@ def build_advice(
     draft_cost: float | None = None,
     base_step_s: float | None = None,
     max_k: int = DEFAULT_MAX_K,
+    lowest_load: tuple[float, float] | None = None,
 ) -> Advice:
+    """``lowest_load``: (draft cost, base step) measured at the lowest batch size of records that span several
+    (:mod:`specproxy.analysis.batchcost`): used instead of a fit that would pool steps of different batch sizes."""
     recs = [r for r in records if generates(r)]
     base = [r for r in baseline_records if generates(r)]
     # A baseline run is k = 0 whatever its records say: it is the reference step time.
     points = step_points(recs) + [(0, s) for _, s in step_points(base)]
-    cost = cost_model(points, draft_cost, base_step_s)
+    if draft_cost is None and lowest_load is not None:
+        cost = replace(cost_model(points, *lowest_load), source="lowest load")
+    else:
+        cost = cost_model(points, draft_cost, base_step_s)
     by_workload = group_records(recs, ("workload",))
     return Advice(
         cost=cost,

@@ -45,6 +45,10 @@ def _level(rec: Record) -> str:
     return "" if lv is None else ("c" if lv[0] == "concurrency" else "r") + f"{lv[1]:g}"
 
 
+def _load(tag: str) -> float:
+    return float(tag[1:]) if tag else 0.0
+
+
 def measured_rows(
     records: Sequence[Record], baseline_records: Sequence[Record] = (), slo: SloSpec | None = None
 ) -> tuple[MeasuredRow, ...]:
@@ -61,7 +65,7 @@ def measured_rows(
         groups.setdefault((r["workload"], r["label"] or "-", _level(r)), []).append(r)
     ks = {label: config_k(grp) for label, grp in labels.items()}
     rows: list[MeasuredRow] = []
-    for (w, label, lv), grp in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], ks[kv[0][1]])):
+    for (w, label, lv), grp in sorted(groups.items(), key=lambda kv: (kv[0][0], _load(kv[0][2]), ks[kv[0][1]])):
         ok = [r for r in grp if is_ok(r)]
         tok = median(values(ok, request_tok_s))
         ref = groups.get((w, base, lv))

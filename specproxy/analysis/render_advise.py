@@ -20,6 +20,8 @@ def cost_text(a: Advice) -> str:
         "given": "given",
         "fitted": "fitted from inter-step gaps at k=" + ",".join(str(k) for k, _ in c.points),
         "default": "assumed default; pass --draft-cost or --baseline-run to measure it",
+        "lowest load": "measured at the lowest load the records cover: the predictions below hold there; at other "
+        "loads see the cost and k per range of requests in flight at the end",
     }[c.source]
     base = f"base step {fmt_ms(c.base_step_s, 2)} ms" if c.base_step_s else "base step unknown"
     return f"cost model: one draft token costs {c.draft_cost:.3f} of a base step ({how}); {base}"

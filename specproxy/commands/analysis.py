@@ -195,9 +195,19 @@ def run_advise(cfg: AdviseConfig) -> None:
             fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(k[0] for k in known)}")
         records = [r for r in records if r["workload"] in cfg.workloads]
     baseline = _runs(cfg.baseline_runs) if cfg.baseline_runs else []
-    advice = build_advice(records, baseline, draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s, max_k=cfg.max_k)
-    measured = measured_rows(records, baseline, cfg.slo)
     batch = build_batch_advice([*baseline, *records], cfg.max_k)
+    low = next((b for b in batch.buckets if b.draft_cost is not None and b.base_step_s), None) if batch.enough else None
+    advice = build_advice(
+        records,
+        baseline,
+        draft_cost=cfg.draft_cost,
+        base_step_s=cfg.base_step_s,
+        max_k=cfg.max_k,
+        lowest_load=(low.draft_cost, low.base_step_s)
+        if low and low.draft_cost is not None and low.base_step_s
+        else None,
+    )
+    measured = measured_rows(records, baseline, cfg.slo)
     if cfg.format == "json":
         doc = render_advise.advise_json(advice, [str(p) for p in cfg.runs])
         text = _json(doc | render_advise.advise_extra_json(measured, batch))
