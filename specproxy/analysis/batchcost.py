@@ -211,8 +211,8 @@ def build_batch_advice(records: Sequence[Record], max_k: int = 8) -> BatchAdvice
             "no speculative decoding in the records: acceptance is unknown"
             if not conds
             else f"the draft cost could be measured at {len(fitted)} batch size(s) (requests in flight seen: {seen}); "
-            f"k per batch size needs at least {MIN_BUCKETS}, each with a run without speculation (or two k) at that "
-            "load: run `specproxy sweep`, or record at several loads"
+            f"k per batch size needs at least {MIN_BUCKETS}, each with a configuration without speculation (or a "
+            "second k) measured at that load: sweep one (specproxy sweep --baseline), or record both at several loads"
         )
         return BatchAdvice(buckets, {}, (), None, False, reason)
     per_workload = {

@@ -139,7 +139,7 @@ def answer_lines(s: SweepResult, b: BatchAdvice | None) -> list[str]:
     out: list[str] = []
     slo = f" under SLO {s.slo.describe()}" if s.slo is not None else ""
     out.append(f"Sweep over {s.kind} {', '.join(f'{v:g}' for v in s.levels)}{slo}; baseline {s.baseline}.")
-    for w in s.workloads:
+    for w in s.workloads if len(s.labels) > 1 else ():
         if w != ALL and (best := best_by_level(s, w)):
             out.append(f"  {w}: best measured: " + "; ".join(best))
     for c in s.crossovers:
