@@ -33,7 +33,7 @@ def _root(
 
 
 def _register_commands() -> None:
-    from specproxy.commands import analysis, bench, demo, export, health, proxy, run, sim
+    from specproxy.commands import analysis, bench, demo, export, health, proxy, run, sim, sweep
 
     demo.register(app)
     sim.register(app)
@@ -43,6 +43,7 @@ def _register_commands() -> None:
     export.register(app)
     bench.register(app)
     health.register(app)
+    sweep.register(app)
 
 
 _register_commands()

@@ -157,7 +157,7 @@ def test_advise_cli(tmp_path: Path) -> None:
     assert wl["recommended_k"] == 2  # 2.4 / 1.8 beats 1.8 / 1.4 and 2.832 / 2.2
 
     code, md, _ = invoke("advise", str(spec), "-f", "md", "--base-step-ms", "10")
-    assert code == 0 and "| k | tokens/step | step cost | speedup | tok/s |" in md
+    assert code == 0 and "| k | tokens/step | step cost | speedup | 95% CI | verdict | tok/s |" in md
 
 
 @pytest.mark.parametrize(

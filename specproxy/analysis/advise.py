@@ -14,7 +14,7 @@ size, so only runs at the same concurrency should be fitted together. Pure: reco
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specproxy.analysis.acceptance import (
     Acceptance,
@@ -23,6 +23,7 @@ from specproxy.analysis.acceptance import (
     pool_acceptance,
 )
 from specproxy.analysis.aggregate import gaps, generates, group_records, is_ok
+from specproxy.analysis.confidence import Interval, bootstrap_many, pooled_ratio, speedup_verdict
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
@@ -42,7 +43,7 @@ WARN_BROKEN_HEAD = "drafts produced, every one rejected: is the speculative head
 class CostModel:
     draft_cost: float
     base_step_s: float | None
-    source: str  # "given", "fitted" or "default"
+    source: str  # "given", "fitted", "default" or "lowest load" (records at several batch sizes)
     points: tuple[tuple[int, float], ...]  # (k, median inter-step gap in seconds) per configuration
 
 
@@ -54,6 +55,11 @@ class KPrediction:
     speedup: float
     tok_s: float | None
     extrapolated: bool
+    speedup_ci: Interval | None = None  # 95%, over the workload's requests (acceptance resampled; cost as fitted)
+
+    @property
+    def verdict(self) -> str:
+        return speedup_verdict(self.speedup, self.speedup_ci) if self.k else "-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,7 @@ class WorkloadAdvice:
     recommended_k: int | None
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
+    acceptance_ci: Interval | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,14 +231,47 @@ def warnings_of(stats: WorkloadStats, acc: Acceptance) -> list[str]:
     return out
 
 
+def _with_intervals(
+    records: Sequence[Record], preds: tuple[KPrediction, ...], cost: CostModel, max_k: int
+) -> tuple[KPrediction, ...]:
+    """Each predicted speedup's 95% interval: the workload's requests resampled, conditional acceptance measured
+    again, the speedups predicted again (the cost model held as fitted)."""
+    spec = [r for r in records if r["spec"] is not None and (r["spec"]["drafts"] or 0) > 0]
+
+    def stat(draw: list[list[Record]]) -> list[float | None]:
+        cond = conditional_rates(draw[0])
+        return [p.speedup for p in predict(cond, cost, max_k)] if cond else [None] * (max_k + 1)
+
+    cis = bootstrap_many([spec], stat)
+    return tuple(replace(p, speedup_ci=cis[p.k] if p.k < len(cis) else None) for p in preds)
+
+
+def acceptance_ci(records: Sequence[Record]) -> Interval | None:
+    pairs = [
+        (spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0)
+        for r in records
+        if (spec := r["spec"]) is not None and spec["source"] is not None
+    ]
+    return pooled_ratio(pairs) if any(d for _, d in pairs) else None
+
+
 def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, max_k: int) -> WorkloadAdvice:
-    return advise_from(workload, stats_of(records), pool_acceptance(records), conditional_rates(records), cost, max_k)
+    return advise_from(
+        workload, stats_of(records), pool_acceptance(records), conditional_rates(records), cost, max_k, records
+    )
 
 
 def advise_from(
-    workload: str, stats: WorkloadStats, acc: Acceptance, cond: tuple[float, ...], cost: CostModel, max_k: int
+    workload: str,
+    stats: WorkloadStats,
+    acc: Acceptance,
+    cond: tuple[float, ...],
+    cost: CostModel,
+    max_k: int,
+    records: Sequence[Record] = (),
 ) -> WorkloadAdvice:
-    """The advice for one workload from what its records add up to."""
+    """The advice for one workload from what its records add up to; ``records`` (all of them, or a uniform sample)
+    give the intervals, which are left out without them."""
     warnings = warnings_of(stats, acc)
     notes: list[str] = []
     if not cond:
@@ -240,6 +280,8 @@ def advise_from(
         rec_k: int | None = None
     else:
         preds = predict(cond, cost, max_k)
+        if records:
+            preds = _with_intervals(records, preds, cost, max_k)
         rec_k = recommend(preds)
         if max_k > len(cond):
             notes.append(
@@ -257,6 +299,7 @@ def advise_from(
         recommended_k=rec_k,
         warnings=tuple(warnings),
         notes=tuple(notes),
+        acceptance_ci=acceptance_ci(records) if records else None,
     )
 
 
@@ -267,12 +310,18 @@ def build_advice(
     draft_cost: float | None = None,
     base_step_s: float | None = None,
     max_k: int = DEFAULT_MAX_K,
+    lowest_load: tuple[float, float] | None = None,
 ) -> Advice:
+    """``lowest_load``: (draft cost, base step) measured at the lowest batch size of records that span several
+    (:mod:`specproxy.analysis.batchcost`): used instead of a fit that would pool steps of different batch sizes."""
     recs = [r for r in records if generates(r)]
     base = [r for r in baseline_records if generates(r)]
     # A baseline run is k = 0 whatever its records say: it is the reference step time.
     points = step_points(recs) + [(0, s) for _, s in step_points(base)]
-    cost = cost_model(points, draft_cost, base_step_s)
+    if draft_cost is None and lowest_load is not None:
+        cost = replace(cost_model(points, *lowest_load), source="lowest load")
+    else:
+        cost = cost_model(points, draft_cost, base_step_s)
     by_workload = group_records(recs, ("workload",))
     return Advice(
         cost=cost,

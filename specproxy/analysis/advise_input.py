@@ -8,7 +8,8 @@ behind the warnings. Generation requests only, as :func:`specproxy.analysis.advi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass, field, replace
 
 from specproxy.analysis.acceptance import AcceptancePool, ConditionalPool
 from specproxy.analysis.advise import (
@@ -20,8 +21,14 @@ from specproxy.analysis.advise import (
     k_of,
 )
 from specproxy.analysis.aggregate import generates, is_ok, key_value
+from specproxy.analysis.confidence import MAX_SAMPLES
 from specproxy.analysis.scan import ChunkBatch, Item
 from specproxy.analysis.sketch import Quantiles
+from specproxy.core.record import Record
+
+# Whole records kept for the tables that need them (measured speedups per load, the draft cost per batch size): a
+# bounded number, the first ones read, and the output says when there were more.
+MAX_DETAIL_RECORDS = 50_000
 
 
 @dataclass
@@ -38,6 +45,8 @@ class _Workload:
     pool: AcceptancePool = field(default_factory=AcceptancePool)
     cond: ConditionalPool = field(default_factory=ConditionalPool)
     stats: WorkloadStats = field(default_factory=WorkloadStats)
+    sample: list[Record] = field(default_factory=list)  # a uniform sample of its records (no chunks): intervals
+    seen: int = 0
 
 
 class AdviseInput:
@@ -50,6 +59,10 @@ class AdviseInput:
         self.labels: dict[str, _Label] = {}
         self.baseline: dict[str, _Label] = {}
         self.workloads: dict[str, _Workload] = {}
+        self.details: list[Record] = []  # whole records, up to MAX_DETAIL_RECORDS
+        self.baseline_details: list[Record] = []
+        self.details_dropped = 0
+        self._rng = random.Random(0)
 
     def add(self, item: Item, batch: ChunkBatch, *, baseline: bool = False) -> None:
         rec = item.rec
@@ -72,8 +85,25 @@ class AdviseInput:
             wl.pool.add(rec)
             wl.cond.add(rec)
             wl.stats.add(rec)
+            self._sample(wl, rec)
+        details = self.baseline_details if baseline else self.details
+        if len(self.details) + len(self.baseline_details) < MAX_DETAIL_RECORDS:
+            details.append(item.full())
+        else:
+            self.details_dropped += 1
         if is_ok(rec):
             batch.add(item.seg, [lab])
+
+    def _sample(self, wl: _Workload, rec: Record) -> None:
+        """Reservoir sampling (algorithm R): every record read has the same chance to be in the sample."""
+        wl.seen += 1
+        light = replace_chunks(rec)
+        if len(wl.sample) < MAX_SAMPLES:
+            wl.sample.append(light)
+        else:
+            j = self._rng.randrange(wl.seen)
+            if j < MAX_SAMPLES:
+                wl.sample[j] = light
 
     def points(self) -> list[tuple[int, float]]:
         """(k, median inter-step gap) per configuration; a baseline run is k = 0 whatever its records say."""
@@ -86,13 +116,29 @@ class AdviseInput:
         return out
 
     def advice(
-        self, *, draft_cost: float | None = None, base_step_s: float | None = None, max_k: int = DEFAULT_MAX_K
+        self,
+        *,
+        draft_cost: float | None = None,
+        base_step_s: float | None = None,
+        max_k: int = DEFAULT_MAX_K,
+        lowest_load: tuple[float, float] | None = None,
     ) -> Advice:
-        cost = cost_model(self.points(), draft_cost, base_step_s)
+        """``lowest_load``: as :func:`specproxy.analysis.advise.build_advice` takes it."""
+        if draft_cost is None and lowest_load is not None:
+            cost = replace(cost_model(self.points(), *lowest_load), source="lowest load")
+        else:
+            cost = cost_model(self.points(), draft_cost, base_step_s)
         return Advice(
             cost=cost,
             workloads=tuple(
-                advise_from(w, wl.stats, wl.pool.result(), wl.cond.result(), cost, max_k)
+                advise_from(w, wl.stats, wl.pool.result(), wl.cond.result(), cost, max_k, wl.sample)
                 for w, wl in self.workloads.items()
             ),
         )
+
+
+def replace_chunks(rec: Record) -> Record:
+    """The record without its chunk list (a sample for intervals needs its spec block, not its timeline)."""
+    light = Record(**rec)
+    light["chunks"] = []
+    return light

@@ -10,10 +10,13 @@ interval is then a little wider than the data would allow, never narrower.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from specproxy.core.stats import median, percentile
+
+T = TypeVar("T")
 
 RESAMPLES = 400
 MAX_SAMPLES = 4000
@@ -87,3 +90,24 @@ def speedup_verdict(speedup: float | None, ci: Interval | None) -> str:
     if ci.contains(1.0):
         return "not distinguishable from 1.00x"
     return "faster" if ci.lo > 1.0 else "slower"
+
+
+def bootstrap_many(
+    groups: Sequence[Sequence[T]], stat: Callable[[list[list[T]]], Sequence[float | None]], *, seed: int = 0
+) -> tuple[Interval | None, ...]:
+    """Intervals of several figures computed together from groups of items (e.g. each configuration's requests):
+    every resample draws each group afresh, with replacement, and ``stat`` gives every figure from one draw, so the
+    figures' intervals come from the same resamples. A group is subsampled to :data:`MAX_SAMPLES` first."""
+    rng = random.Random(seed)
+    pools = [list(g) if len(g) <= MAX_SAMPLES else rng.sample(list(g), MAX_SAMPLES) for g in groups]
+    if not pools or any(len(p) < 2 for p in pools):
+        return ()
+    draws: list[list[float]] = []
+    for _ in range(RESAMPLES):
+        figures = stat([rng.choices(p, k=len(p)) for p in pools])
+        while len(draws) < len(figures):
+            draws.append([])
+        for i, v in enumerate(figures):
+            if v is not None:
+                draws[i].append(v)
+    return tuple(_interval(d) for d in draws)

@@ -9,12 +9,14 @@ so a headless browser can check that the charts rendered. Pure: report and chart
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 
 from specproxy.analysis.aggregate import Report, describe_key
+from specproxy.analysis.batchcost import BatchAdvice
 from specproxy.analysis.html_input import ChartInput
 from specproxy.analysis.svg import Line, Series, bar_chart, line_chart
+from specproxy.analysis.sweep import ALL, LevelRow, SweepResult
 from specproxy.analysis.tables import Table
 
 _CSS = """
@@ -153,5 +155,116 @@ def render_html(
         f'<h1>{escape(title)}</h1><p class="note">{report.requests} requests'
         f"{' from' if inputs else ''}</p>{f'<ul>{sources}</ul>' if inputs else ''}"
         f'<div class="charts">{figures}</div>{body_tables}'
+        f"<script>{_SCRIPT}</script></body></html>\n"
+    )
+
+
+def sweep_charts(s: SweepResult, b: BatchAdvice | None) -> list[str]:
+    """Per workload: output tok/s, speedup over the baseline (95% intervals, 1.00x dashed), goodput with an SLO, and
+    acceptance, each against the load on a log-2 axis; then the cost of a draft token by requests in flight."""
+    unit = "streams (concurrency)" if s.kind == "concurrency" else "requests/s (rate)"
+    out: list[str] = []
+    for n, w in enumerate(s.workloads):
+        rows = [r for r in s.rows if r.workload == w]
+
+        def lines(
+            get: Callable[[LevelRow], float | None], labels: Sequence[str], rows: list[LevelRow] = rows
+        ) -> list[Line]:
+            return [
+                (lab, [(r.level, v) for r in rows if r.label == lab and (v := get(r)) is not None]) for lab in labels
+            ]
+
+        cands = [lab for lab in s.labels if lab != s.baseline]
+        hues = [s.labels.index(lab) for lab in cands]  # each configuration keeps its colour in every chart
+        name = "all workloads" if w == ALL else w
+        out.append(
+            line_chart(
+                f"sweep_tok_s_{n}",
+                f"{name}: output tok/s",
+                lines(lambda r: r.output_tok_s, s.labels),
+                unit,
+                "tok/s",
+                markers=True,
+                log2_x=True,
+            )
+        )
+        whisk = [
+            [(r.level, r.speedup_ci.lo, r.speedup_ci.hi) for r in rows if r.label == lab and r.speedup_ci]
+            for lab in cands
+        ]
+        out.append(
+            line_chart(
+                f"sweep_speedup_{n}",
+                f"{name}: speedup over {s.baseline} (95% interval)",
+                lines(lambda r: r.speedup, cands),
+                unit,
+                "x",
+                markers=True,
+                log2_x=True,
+                ref_y=1.0,
+                whiskers=whisk,
+                colors=hues,
+            )
+        )
+        if s.slo is not None:
+            out.append(
+                line_chart(
+                    f"sweep_goodput_{n}",
+                    f"{name}: goodput",
+                    lines(lambda r: r.goodput.tokens_per_s if r.goodput else None, s.labels),
+                    unit,
+                    "tok/s meeting the SLO",
+                    markers=True,
+                    log2_x=True,
+                )
+            )
+        out.append(
+            line_chart(
+                f"sweep_acceptance_{n}",
+                f"{name}: acceptance",
+                lines(lambda r: r.acceptance_rate * 100 if r.acceptance_rate is not None else None, cands),
+                unit,
+                "% of draft tokens",
+                markers=True,
+                log2_x=True,
+                y_max=100.0,
+                colors=hues,
+            )
+        )
+    if b is not None and b.buckets:
+        cost = [("c", [(c.batch, c.draft_cost) for c in b.buckets if c.draft_cost is not None])]
+        whisk = [[(c.batch, c.draft_cost_ci.lo, c.draft_cost_ci.hi) for c in b.buckets if c.draft_cost_ci]]
+        out.append(
+            line_chart(
+                "draft_cost",
+                "Cost of a draft token by requests in flight",
+                cost,
+                "requests in flight",
+                "fraction of a base step",
+                markers=True,
+                log2_x=True,
+                whiskers=whisk,
+            )
+        )
+    return out
+
+
+def render_sweep_html(
+    s: SweepResult,
+    b: BatchAdvice | None,
+    tables: Sequence[Table],
+    answer: Sequence[str],
+    title: str = "specproxy sweep",
+    inputs: Sequence[str] = (),
+) -> str:
+    figures = "".join(f"<figure>{svg}</figure>" for svg in sweep_charts(s, b))
+    lines = "".join(f"<li>{escape(a.strip())}</li>" for a in answer)
+    sources = "".join(f"<li>{escape(i)}</li>" for i in inputs)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{escape(title)}</h1><ul>{lines}</ul>"
+        f"{f'<p class=note>records:</p><ul>{sources}</ul>' if inputs else ''}"
+        f'<div class="charts">{figures}</div>{"".join(_table_html(t) for t in tables)}'
         f"<script>{_SCRIPT}</script></body></html>\n"
     )

@@ -40,7 +40,7 @@ def _label(v: float) -> str:
     return f"{v:g}" if abs(v) < 1e5 else f"{v:.2g}"
 
 
-def _frame(name: str, title: str, body: list[str], legend: Sequence[str]) -> str:
+def _frame(name: str, title: str, body: list[str], legend: Sequence[str], colors: Sequence[int] = ()) -> str:
     # the legend goes under the chart, wrapped into as many rows as its entries need
     items = []
     x, row = LEFT, 0
@@ -49,7 +49,7 @@ def _frame(name: str, title: str, body: list[str], legend: Sequence[str]) -> str
         if x > LEFT and x + width > WIDTH - RIGHT:
             x, row = LEFT, row + 1
         y = HEIGHT + 4 + 16 * row
-        color = PALETTE[i % len(PALETTE)]
+        color = PALETTE[(colors[i] if i < len(colors) else i) % len(PALETTE)]
         items.append(
             f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}"/>'
             f'<text x="{x + 14}" y="{y + 9}" font-size="11">{escape(text)}</text>'
@@ -143,17 +143,29 @@ def line_chart(
     markers: bool = False,
     y_max: float | None = None,
     integer_x: bool = False,
+    log2_x: bool = False,
+    ref_y: float | None = None,
+    whiskers: Sequence[Sequence[tuple[float, float, float]]] = (),
+    colors: Sequence[int] = (),
 ) -> str:
+    """``log2_x``: x values are drawn on a log-2 axis (loads that double); ``ref_y``: a dashed reference line (1.00x);
+    ``whiskers``: per line, (x, lo, hi) intervals drawn as vertical bars; ``colors``: per line, its palette index
+    (so a configuration keeps its colour across charts that show only some of them)."""
+    if log2_x:
+        lines = [(n, [(math.log2(px), py) for px, py in ps if px > 0]) for n, ps in lines]
+        whiskers = [[(math.log2(wx), lo, hi) for wx, lo, hi in ws if wx > 0] for ws in whiskers]
+        integer_x = True
     pts = [p for _, ps in lines for p in ps]
     if not pts:
         return _empty(name, title)
     x_lo, x_hi = min(p[0] for p in pts), max(p[0] for p in pts)
     xt = nice_ticks(x_lo, x_hi)
+    top = max([p[1] for p in pts] + [hi for ws in whiskers for _, _, hi in ws] + [ref_y or 0.0])
     if integer_x and x_hi - x_lo <= 20:
         xt = [float(v) for v in range(math.floor(x_lo), math.ceil(x_hi) + 1)]
         if len(xt) < 2:
             xt.append(xt[0] + 1.0)
-    yt = nice_ticks(0.0, y_max if y_max is not None else max(max(p[1] for p in pts), 1e-9))
+    yt = nice_ticks(0.0, y_max if y_max is not None else max(top, 1e-9))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(v: float) -> float:
@@ -166,7 +178,13 @@ def line_chart(
     body.append(f'<line x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" y2="{HEIGHT - BOTTOM}" stroke="#333"/>')
     for t in xt:
         body.append(
-            f'<text x="{x(t):.1f}" y="{HEIGHT - BOTTOM + 16}" font-size="10" text-anchor="middle">{_label(t)}</text>'
+            f'<text x="{x(t):.1f}" y="{HEIGHT - BOTTOM + 16}" font-size="10" text-anchor="middle">'
+            f"{_label(2**t if log2_x else t)}</text>"
+        )
+    if ref_y is not None:
+        body.append(
+            f'<line x1="{LEFT}" y1="{y(ref_y):.1f}" x2="{WIDTH - RIGHT}" y2="{y(ref_y):.1f}" stroke="#999" '
+            'stroke-dasharray="4 3"/>'
         )
     body.append(
         f'<text x="{LEFT + plot_w / 2:.0f}" y="{HEIGHT - 12}" font-size="11" '
@@ -175,7 +193,7 @@ def line_chart(
     for i, (lname, ps) in enumerate(lines):
         if not ps:
             continue
-        color = PALETTE[i % len(PALETTE)]
+        color = PALETTE[(colors[i] if i < len(colors) else i) % len(PALETTE)]
         d = [f"M{x(ps[0][0]):.1f},{y(ps[0][1]):.1f}"]
         for qx, qy in ps[1:]:
             d.append(f"H{x(qx):.1f}V{y(qy):.1f}" if step else f"L{x(qx):.1f},{y(qy):.1f}")
@@ -183,13 +201,18 @@ def line_chart(
             f'<path class="mark" d="{"".join(d)}" fill="none" stroke="{color}" stroke-width="2">'
             f"<title>{escape(lname)}</title></path>"
         )
+        for wx, lo, hi in whiskers[i] if i < len(whiskers) else ():
+            body.append(
+                f'<line class="mark" x1="{x(wx):.1f}" y1="{y(lo):.1f}" x2="{x(wx):.1f}" y2="{y(hi):.1f}" '
+                f'stroke="{color}" stroke-width="1.5"><title>{escape(lname)}: {lo:.3g}-{hi:.3g}</title></line>'
+            )
         if markers or len(ps) == 1:
             body.extend(
                 f'<circle class="mark" cx="{x(px):.1f}" cy="{y(py):.1f}" r="3.5" fill="{color}">'
-                f"<title>{escape(lname)}: {py:.3g} at {px:g}</title></circle>"
+                f"<title>{escape(lname)}: {py:.3g} at {2**px if log2_x else px:g}</title></circle>"
                 for px, py in ps
             )
-    return _frame(name, title, body, [n for n, _ in lines])
+    return _frame(name, title, body, [n for n, _ in lines], colors)
 
 
 def cdf_points(values: Sequence[float], scale: float = 1.0, max_points: int = 200) -> list[tuple[float, float]]:

@@ -20,8 +20,10 @@ import typer
 from specproxy.analysis import render, render_advise, render_compare
 from specproxy.analysis.accum import Grouping, ReportBuilder
 from specproxy.analysis.advise import DEFAULT_MAX_K
-from specproxy.analysis.advise_input import AdviseInput
+from specproxy.analysis.advise_input import MAX_DETAIL_RECORDS, AdviseInput
+from specproxy.analysis.advise_measured import measured_rows
 from specproxy.analysis.aggregate import DEFAULT_GROUP_BY, DEFAULT_SPEC, GROUP_FIELDS, is_ok
+from specproxy.analysis.batchcost import build_batch_advice
 from specproxy.analysis.compare import METRICS, ComparisonBuilder
 from specproxy.analysis.html import render_html
 from specproxy.analysis.html_input import ChartInput
@@ -187,6 +189,7 @@ class AdviseConfig:
     workloads: tuple[str, ...]
     format: str
     output: Path | None
+    slo: SloSpec | None = None
 
 
 def run_advise(cfg: AdviseConfig) -> None:
@@ -198,11 +201,28 @@ def run_advise(cfg: AdviseConfig) -> None:
             fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(data.seen)}")
     if cfg.baseline_runs:
         _scan(cfg.baseline_runs, lambda item, batch: data.add(item, batch, baseline=True))
-    advice = data.advice(draft_cost=cfg.draft_cost, base_step_s=cfg.base_step_s, max_k=cfg.max_k)
+    batch = build_batch_advice([*data.baseline_details, *data.details], cfg.max_k)
+    low = next((b for b in batch.buckets if b.draft_cost is not None and b.base_step_s), None) if batch.enough else None
+    advice = data.advice(
+        draft_cost=cfg.draft_cost,
+        base_step_s=cfg.base_step_s,
+        max_k=cfg.max_k,
+        lowest_load=(low.draft_cost, low.base_step_s)
+        if low and low.draft_cost is not None and low.base_step_s
+        else None,
+    )
+    measured = measured_rows(data.details, data.baseline_details, cfg.slo)
+    if data.details_dropped:
+        typer.echo(
+            f"specproxy: warning: the measured-speedup and batch-size tables use the first "
+            f"{MAX_DETAIL_RECORDS:,} records ({data.details_dropped:,} more were read for the advice itself)",
+            err=True,
+        )
     if cfg.format == "json":
-        text = _json(render_advise.advise_json(advice, [str(p) for p in cfg.runs]))
+        doc = render_advise.advise_json(advice, [str(p) for p in cfg.runs])
+        text = _json(doc | render_advise.advise_extra_json(measured, batch))
     else:
-        tables = render_advise.advise_tables(advice)
+        tables = render_advise.advise_tables(advice) + render_advise.advise_extra_tables(measured, batch)
         body = render_md(tables) if cfg.format == "md" else render_text(tables)
         text = render_advise.cost_text(advice) + "\n\n" + body
     _emit(text, cfg.output)
@@ -337,8 +357,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         format: Annotated[str, typer.Option("--format", "-f", help="table, md or json.")] = "table",
         output: OutputOpt = None,
+        slo: SloOpt = None,
     ) -> None:
-        """Predicted speedup for k = 1..8 from acceptance per position, the recommended k, and warnings."""
+        """Predicted speedup per k (95% intervals), the recommended k, measured speedups and goodput, k per batch."""
         if draft_cost is not None and not 0.0 <= draft_cost <= 10.0:
             fail(f"--draft-cost must be between 0 and 10, got {draft_cost}")
         if base_step_ms is not None and not base_step_ms > 0:
@@ -354,6 +375,7 @@ def register(app: typer.Typer) -> None:
             tuple(workload or ()),
             _choice(format, ADVISE_FORMATS, "--format"),
             output,
+            figure_spec(None, slo).slo,
         )
         run_advise(cfg)
 

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from specproxy.analysis.slo import parse_slo
 from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
 from specproxy.commands.options import EngineOpt, KOpt, TokenizerOpt, check_engine
 from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_tokenizer
@@ -121,6 +122,11 @@ def register(app: typer.Typer) -> None:
         fail_closed: bool = typer.Option(False, "--fail-closed", help="Refuse traffic (503) when records fail."),
         log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
         engine: EngineOpt = "auto",
+        slo: list[str] | None = typer.Option(
+            None,
+            "--slo",
+            help="ttft=500ms,tpot=50ms,e2e=30s (WORKLOAD:... too): live attainment and goodput in status.",
+        ),
     ) -> None:
         """Transparent recording proxy in front of vLLM (or any OpenAI-compatible engine)."""
         up = check_url(upstream, "--upstream")
@@ -160,6 +166,10 @@ def register(app: typer.Typer) -> None:
                 fail(f"cannot read rules file {rules}: {e.strerror}")
             except RulesError as e:
                 fail(str(e))
+        try:
+            slo_spec = parse_slo(slo or [])
+        except ValueError as e:
+            fail(str(e))
         max_body_bytes = parse_size(max_body)  # every option is checked before anything touches the disk
         record_buffer_bytes = parse_size(record_buffer)
         capture_max_bytes = parse_size(capture_max)
@@ -202,6 +212,7 @@ def register(app: typer.Typer) -> None:
             fail_closed=fail_closed,
             client_header_timeout_s=client_header_timeout,
             client_body_timeout_s=client_body_timeout,
+            slo=slo_spec,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         run_async(_main(cfg))

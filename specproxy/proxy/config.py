@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specproxy.analysis.slo import SloSpec
 from specproxy.core.workload_rules import Rule
 from specproxy.recorder.recorder import RecorderConfig
 
@@ -25,3 +26,4 @@ class ProxyConfig:
     fail_closed: bool = False
     client_header_timeout_s: float = 60.0  # a whole request head, from connect or from its first byte (nginx's 60 s)
     client_body_timeout_s: float = 60.0  # between two reads of a request body (nginx's client_body_timeout)
+    slo: SloSpec | None = None  # --slo: live attainment and goodput per workload in /specproxy/status

@@ -25,7 +25,7 @@ import io
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,6 +42,7 @@ from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
 from specproxy.recorder.recorder import Recorder
+from specproxy.recorder.slo_status import SloTracker
 from specproxy.recorder.trace import RequestMeta, Trace
 from specproxy.serving import (
     Cut,
@@ -84,6 +85,7 @@ RECORDER = web.AppKey("recorder", Recorder)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 RESOLVER = web.AppKey("resolver", WorkloadResolver)
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
+SLO = web.AppKey("slo", SloTracker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +361,10 @@ async def own_metrics(request: web.Request) -> web.Response:
 
 
 async def own_status(request: web.Request) -> web.Response:
-    return web.Response(body=orjson.dumps(request.app[RECORDER].status()), content_type="application/json")
+    status = request.app[RECORDER].status()
+    if SLO in request.app:
+        status["slo"] = request.app[SLO].status()
+    return web.Response(body=orjson.dumps(status), content_type="application/json")
 
 
 # The proxy's own endpoints, answered for GET and HEAD on their exact raw path; any other spelling of them
@@ -380,7 +385,11 @@ def build_app(cfg: ProxyConfig) -> web.Application:
         session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
         )
-        recorder = Recorder(cfg.recorder, session)
+        rcfg = cfg.recorder
+        if cfg.slo is not None:
+            app[SLO] = SloTracker(cfg.slo)
+            rcfg = replace(rcfg, observers=(*rcfg.observers, app[SLO].observe))
+        recorder = Recorder(rcfg, session)
         app[SESSION] = session
         app[RECORDER] = recorder
         await recorder.start()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from specproxy.core.record import Record
 from specproxy.recorder.sink import DEFAULT_MAX_PENDING_BYTES
 
 
@@ -33,3 +35,4 @@ class RecorderConfig:
     tokenize_url: str | None = None
     engine: str = "auto"  # --engine: auto, vllm, sglang, ollama, llamacpp (core.dialects.engine)
     probe_url: str | None = None  # with engine auto: the upstream's base URL, probed once at start
+    observers: tuple[Callable[[Record], object], ...] = ()  # also given each record, e.g. live SLO figures

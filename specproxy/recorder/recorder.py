@@ -156,7 +156,8 @@ class Recorder:
             rec = self._minimal_record(trace, "proxy_error" if outcome == "ok" else outcome, f"{error or ''} {e}")
         self.sink.put(rec)
         try:
-            self._observe(rec)
+            for observe in (self._observe, *self.config.observers):
+                observe(rec)
         except Exception:
             log.exception("updating metrics for %s failed", rid)
 

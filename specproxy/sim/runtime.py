@@ -23,6 +23,7 @@ from specproxy.sim.wire import ParsedRequest
 
 GENERATED_TEXTS_KEPT = 4096
 # None on a queue means the server is shutting down.
+MAX_LAG_S = 0.25
 OutputQueue = asyncio.Queue[StepOutput | None]
 
 
@@ -146,9 +147,15 @@ class SimRuntime:
             if not core.has_work:
                 wake.clear()
                 await wake.wait()
+                deadline = self.now()  # idle until now: the next step starts now
                 continue
             start = self.now()
-            deadline = max(deadline, start) + core.begin_step(start) / speed
+            # Steps follow each other on an absolute cadence: a step that started late (a sleep's overshoot, a busy
+            # event loop) is made up by the next ones, so under load the mean step takes what the model says. Only
+            # a lag too large to make up without a burst of short steps starts the cadence afresh.
+            if start - deadline > MAX_LAG_S:
+                deadline = start
+            deadline += core.begin_step(start) / speed
             self.metrics.set_queue_depths(core.index, core.num_running, core.num_waiting)
             await asyncio.sleep(max(0.0, deadline - self.now()))
             report = core.finish_step(self.now())
