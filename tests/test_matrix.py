@@ -16,6 +16,7 @@ from specproxy.cli import main
 from specproxy.core.record import Record, read_records
 from specproxy.exitcodes import EXIT_FAILURE
 from specproxy.matrix.load import example_names, example_text, load_matrix, parse_text
+from specproxy.matrix.progress import Tracker
 from specproxy.matrix.server import group_members
 from specproxy.matrix.session import run_matrix
 from specproxy.matrix.spec import MatrixError
@@ -206,3 +207,25 @@ def test_bad_file_from_the_real_command_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "needs a command" in p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_progress_estimates_time_left_from_starts_and_requests_seen() -> None:
+    now = [0.0]
+    t = Tracker(configs=3, requests_per_config=10, clock=lambda: now[0])
+    t.next_config("Base")
+    t.phase("starting")
+    assert t.seconds_left() is None and "estimating time left" in t.line()
+    now[0] = 20.0
+    t.started()  # 20 s to become healthy
+    t.phase("ja_chat repeat 1/2")
+    now[0] = 25.0
+    t.add_done(2)
+    t.measured_done(3)  # 5 requests in 5 s
+    # 5 requests left here (5 s), then two configurations of 20 s start + 10 requests (10 s) each
+    assert t.seconds_left() == pytest.approx(5 + 2 * 30)
+    assert t.line() == "[1/3] Base: ja_chat repeat 1/2, 5/10 requests; about 65 s left"
+    now[0] = 30.0
+    t.measured_done(8)
+    t.next_config("MTP-n1")  # 10 requests in 10 s of sending so far
+    now[0] = 35.0  # 5 s into a start that took 20 s last time
+    assert t.seconds_left() == pytest.approx(15 + 10 + 30)

@@ -124,7 +124,8 @@ async def run_matrix(
     for c in spec.configurations:
         entry = results.entries.get(c.label)
         if entry is not None and entry.status != "measured":
-            failures.append(Failure(c.label, entry.error or "failed", entry.log_tail, str(results.log_path(c.label))))
+            log = str(results.log_path(c.label)) if c.command else ""
+            failures.append(Failure(c.label, entry.error or "failed", entry.log_tail, log))
     measured_now = sum(1 for o in outcomes if o.status == "measured")
     skipped = len(spec.configurations) - len(todo)
     text = matrix_text(spec, groups, failures, measured=measured_now, skipped=skipped, results=str(folder))
