@@ -4,11 +4,13 @@ process left behind."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
@@ -20,6 +22,7 @@ from specproxy.matrix.progress import Tracker
 from specproxy.matrix.server import group_members
 from specproxy.matrix.session import run_matrix
 from specproxy.matrix.spec import MatrixError
+from tests.simutil import FAST, running_sim
 
 HERE = Path(__file__).parent
 SIM = "{python} -m specproxy sim --listen 127.0.0.1:{port} --speed 20 --seed 1"
@@ -229,3 +232,49 @@ def test_progress_estimates_time_left_from_starts_and_requests_seen() -> None:
     t.next_config("MTP-n1")  # 10 requests in 10 s of sending so far
     now[0] = 35.0  # 5 s into a start that took 20 s last time
     assert t.seconds_left() == pytest.approx(15 + 10 + 30)
+
+
+async def test_a_running_server_is_measured_and_left_running(tmp_path: Path) -> None:
+    async with running_sim(FAST, spec_method="mtp", num_speculative_tokens=2) as sim:
+        path = tmp_path / "m.json"
+        doc = {
+            "workloads": ["ja_chat"], "requests": 2, "repeats": 1, "warmup": 0, "max_tokens": 16,
+            "configurations": [{"label": "remote", "url": sim.url}],
+        }  # fmt: skip
+        path.write_text(orjson.dumps(doc).decode())
+        out = await run_matrix(load_matrix(path), path, handle_signals=False)
+        assert out.exit_code == 0 and [r.status for r in out.results] == ["measured"] and out.results[0].pid is None
+        async with aiohttp.ClientSession() as s, s.get(sim.url + "/health") as resp:
+            assert resp.status == 200  # not ours to stop
+    recs = list(read_records(tmp_path / "m-results" / "remote.jsonl"))
+    assert len(recs) == 2 and all(r["spec"] and r["spec"]["draft_tokens"] for r in recs)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_server_being_measured(tmp_path: Path) -> None:
+    sim = "{python} -m specproxy sim --listen 127.0.0.1:{port} --spec-method none"
+    doc = {
+        "workloads": ["code_agent"], "requests": 500, "repeats": 1, "warmup": 0,
+        "configurations": [{"label": "Base", "command": ["sh", "-c", f"echo $$ > {{results}}/pid; exec {sim}"]}],
+    }  # fmt: skip
+    path = tmp_path / "m.json"
+    path.write_text(orjson.dumps(doc).decode())
+    p = subprocess.Popen(
+        [sys.executable, "-m", "specproxy", "matrix", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert p.stderr is not None
+        for line in p.stderr:  # one progress line per phase: wait until requests are being sent
+            if "repeat 1/1" in line:
+                break
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130
+    assert "interrupted" in out and "Base: failed: interrupted" in out
+    pid = int((tmp_path / "m-results" / "pid").read_text())
+    assert group_members(pid) == [] and not _alive(pid)
