@@ -239,7 +239,7 @@ async def test_a_running_server_is_measured_and_left_running(tmp_path: Path) -> 
         path = tmp_path / "m.json"
         doc = {
             "workloads": ["ja_chat"], "requests": 2, "repeats": 1, "warmup": 0, "max_tokens": 16,
-            "configurations": [{"label": "remote", "url": sim.url}],
+            "configurations": [{"label": "remote", "url": sim.url, "health": sim.url + "/v1/models"}],
         }  # fmt: skip
         path.write_text(orjson.dumps(doc).decode())
         out = await run_matrix(load_matrix(path), path, handle_signals=False)

@@ -42,6 +42,7 @@ class Prepared:
     env: Mapping[str, str]
     url: str
     port: int | None
+    health: str  # a path under url, or a URL
 
 
 @dataclass(slots=True)
@@ -71,7 +72,8 @@ def prepare(config: Configuration, results: Path, environ: Mapping[str, str], po
         url = expand(config.url, values, environ, f"{where}.url").rstrip("/")
     else:
         url = f"http://{HOST}:{values['port']}"
-    return Prepared(config, args, env, url, port)
+    health = expand(config.health, values, environ, f"{where}.health")
+    return Prepared(config, args, env, url, port, health)
 
 
 class MatrixRunner:
@@ -129,7 +131,7 @@ class MatrixRunner:
             tracker.phase("starting")
             self._tick(tracker)
             await server.wait_healthy(
-                prepared.url, config.health, config.start_timeout_s, fallback_models=not config.health_given
+                prepared.url, prepared.health, config.start_timeout_s, fallback_models=not config.health_given
             )
             tracker.started()
             records = await self._measure(prepared, server, part, tracker)

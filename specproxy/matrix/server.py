@@ -116,25 +116,25 @@ class ServerProcess:
         return log_tail(self.log_path)
 
     async def wait_healthy(self, url: str, health: str, timeout_s: float, *, fallback_models: bool) -> None:
-        """Poll ``url + health`` until it answers 200; with ``fallback_models``, a 404 there tries ``/v1/models``.
-        Raises ServerError when the process exits first or the time is up."""
+        """Poll ``health`` (a URL, or a path under ``url``) until it answers 200; with ``fallback_models``, a 404
+        there tries ``url/v1/models``. Raises ServerError when the process exits first or the time is up."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         last = "no answer"
-        paths = [health]
+        paths = [health if "://" in health else url + health]
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
             while True:
                 if self.exited is not None:
                     raise ServerError(f"exited with code {self.exited} before it was healthy", self.tail())
                 for path in paths:
                     try:
-                        async with session.get(url + path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                        async with session.get(path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
                             await resp.read()
                             if resp.status == 200:
                                 return
                             last = f"{path}: HTTP {resp.status}"
-                            if resp.status == 404 and fallback_models and "/v1/models" not in paths:
-                                paths.append("/v1/models")
+                            if resp.status == 404 and fallback_models and len(paths) == 1:
+                                paths.append(url + "/v1/models")
                     except (aiohttp.ClientError, TimeoutError, OSError) as e:
                         last = f"{path}: {one_line(e, 120) or type(e).__name__}"
                 left = deadline - loop.time()

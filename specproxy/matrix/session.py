@@ -131,7 +131,10 @@ async def run_matrix(
     text = matrix_text(spec, groups, failures, measured=measured_now, skipped=skipped, results=str(folder))
     if signal_seen:
         text += "\ninterrupted: the configurations measured so far are kept; rerun to measure the rest"
-    (folder / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    try:
+        (folder / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    except OSError as e:
+        text += f"\nsummary.txt not written: {e.strerror or e}"
     if signal_seen:
         code = EXIT_SIGINT if signal_seen[0] == 2 else EXIT_SIGTERM
     else:

@@ -175,8 +175,8 @@ def _configuration(doc: Any, i: int, top: Mapping[str, Any]) -> Configuration:
     if url is not None and not re.match(r"https?://", url):
         raise _fail(f"{where}.url", f"must start with http:// or https://, got {url!r}")
     health = _str(doc, "health", f"{where}.", DEFAULT_HEALTH) or DEFAULT_HEALTH
-    if not health.startswith("/"):
-        raise _fail(f"{where}.health", f"must be a path starting with /, got {health!r}")
+    if not health.startswith("/") and not re.match(r"https?://", health):
+        raise _fail(f"{where}.health", f"must be a path starting with / or a URL, got {health!r}")
     metrics: str | None = "/metrics"
     if "metrics" in doc:
         m = doc["metrics"]
