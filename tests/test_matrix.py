@@ -103,6 +103,7 @@ async def test_matrix_measures_each_configuration_alike_and_survives_failures(tm
     assert "code_agent" in out.text and "MTP-n3" in out.text and "recommended k" in out.text
 
     # Failures: one line each, with the log's last lines, in the summary and the manifest.
+    assert "not in this table (not measured): exits, stubborn; speedups are over Base" in out.text
     assert "exits: failed: exited with code 3 before it was healthy" in out.text
     assert "  | cannot load the weights" in out.text
     assert "stubborn: failed: not healthy after 1.5 s" in out.text and "  | loading the model (forever)" in out.text

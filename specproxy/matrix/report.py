@@ -24,6 +24,7 @@ class GroupResult:
     name: str
     comparison: Comparison
     advice: Advice | None
+    missing: tuple[str, ...] = ()  # the group's configurations without records (failed, or not measured yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,8 @@ def analyse(spec: MatrixSpec, records: Mapping[str, Sequence[Record]]) -> list[G
         advice = None
         if spec_recs and speculates(spec_recs):
             advice = build_advice(spec_recs, [] if speculates(base) else base)
-        out.append(GroupResult(name, comparison, advice))
+        missing = tuple(label for label in labels if label not in present)
+        out.append(GroupResult(name, comparison, advice, missing))
     return out
 
 
@@ -90,6 +92,10 @@ def matrix_text(
         parts.append("")
         if g.name:
             parts.append(f"== {g.name} ==")
+        if g.missing:
+            parts.append(
+                f"not in this table (not measured): {', '.join(g.missing)}; speedups are over {g.comparison.baseline}"
+            )
         parts.append(render_text(render_compare.compare_tables(g.comparison)))
         if g.advice is not None:
             parts.append("")
