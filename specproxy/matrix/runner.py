@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specproxy.core.errors import one_line
 from specproxy.core.record import read_records
 from specproxy.loadgen.client import Client, closed_loop
 from specproxy.loadgen.progress import ProgressSnapshot
@@ -143,6 +144,8 @@ class MatrixRunner:
         except asyncio.CancelledError:
             result.error = "interrupted"
             raise
+        except Exception as e:  # anything else ends this configuration, not the matrix: the others are measured
+            result.error, result.tail = f"{type(e).__name__}: {one_line(e, 300)}", tuple(server.tail())
         finally:
             if server.process is not None:
                 tracker.phase("stopping")
