@@ -40,10 +40,13 @@ CONFIGS: tuple[tuple[str, str, int], ...] = (
 WORKLOADS = ("ja_chat", "code_agent")
 
 
+# Sized so that the advice rests on enough data (specproxy advise wants 20 requests and 1,000 draft tokens per
+# workload; the three MTP configurations pool 3 x 7 = 21) while the slowest configuration, the baseline at about 110
+# tok/s, sends its 2 x 7 requests of up to 128 tokens in under 20 s.
 @dataclass(frozen=True, slots=True)
 class DemoConfig:
-    requests: int = 6  # per workload and configuration
-    max_tokens: int = 192
+    requests: int = 7  # per workload and configuration
+    max_tokens: int = 128
     seed: int = 0
     out_dir: Path | None = None  # keep the records here (default: a temporary folder)
 
@@ -100,6 +103,8 @@ async def run_demo(cfg: DemoConfig) -> DemoResult:
     parts = [
         "specproxy demo: a simulated 2B model (roofline step cost, MTP acceptance by workload) served four ways,",
         f"{cfg.requests} requests per workload each at concurrency 1, recorded by the proxy in front of each server.",
+        "A demonstration on the built-in simulator: the figures show what specproxy measures, not how any real server",
+        "performs.",
         "",
         render_text(render_compare.compare_tables(comparison)),
         "",
@@ -109,6 +114,7 @@ async def run_demo(cfg: DemoConfig) -> DemoResult:
         "",
         f"({len(records)} requests in {elapsed:.0f} s."
         + (f" Records: {cfg.out_dir}/*.jsonl" if cfg.out_dir else " Keep the records with --out DIR.")
-        + " Next: put `specproxy proxy --upstream http://your-vllm:8000` in front of your own server.)",
+        + " Next: `specproxy matrix` (docs/matrix.md) to measure your own server's configurations, or put"
+        + " `specproxy proxy --upstream http://your-vllm:8000` in front of it.)",
     ]
     return DemoResult("\n".join(parts), comparison, advice, records)

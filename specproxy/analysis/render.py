@@ -102,7 +102,11 @@ def report_tables(report: Report) -> list[Table]:
     if spec.slo is not None:
         thr_extra += ["SLO met", "goodput req/s", "goodput tok/s"]
     lat_headers = [h for m in _LATENCY_TABLE for h in _header(spec, m, "")]
-    notes: list[str] = []
+    notes: list[str] = [
+        "output tok/s: the group's completion tokens over the span from its first request's start to its last one's "
+        "end; groups sent interleaved in one run share that span, so it is a share of the run's output, not a speed "
+        "(decode tok/s is)"
+    ]
     if spec.slo is not None:
         notes.append(f"SLO: {spec.slo.describe()}; goodput counts the requests that met it over the run's span")
     if not report.quantiles_exact:

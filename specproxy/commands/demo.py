@@ -13,12 +13,12 @@ from specproxy.demo import DemoConfig
 def register(app: typer.Typer) -> None:
     @command(app, "demo")
     def demo(
-        requests: int = typer.Option(6, "--requests", help="Requests per workload and configuration."),
-        max_tokens: int = typer.Option(192, "--max-tokens", help="max_tokens of every request."),
+        requests: int = typer.Option(7, "--requests", help="Requests per workload and configuration."),
+        max_tokens: int = typer.Option(128, "--max-tokens", help="max_tokens of every request."),
         seed: int = typer.Option(0, "--seed", help="Seed of the simulator and the request order."),
         out: Path | None = typer.Option(None, "--out", help="Keep the proxy's records in this folder."),
     ) -> None:
-        """Does speculation pay off? Base vs MTP k=1,3,5 on ja_chat and code_agent, on the built-in simulator."""
+        """A demonstration on the built-in simulator: Base vs MTP k=1,3,5 on ja_chat and code_agent."""
         if requests < 1 or requests > 1000:
             raise typer.BadParameter(f"--requests must be within 1..1000, got {requests}")
         if max_tokens < 1:

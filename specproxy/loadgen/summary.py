@@ -5,6 +5,12 @@ The figures are the report's own (:func:`specproxy.analysis.aggregate.build_repo
 figure is computed per repeat and the row shows the median over repeats (the published method: one warm-up, then
 five measured runs, medians); a second table gives each workload's decode tok/s and acceptance as median (min-max)
 over repeats. Latency and decode figures use requests that finished ``ok``.
+
+A workload's speed is its decode tok/s (per request, median). The output rate is a figure of the whole run: every
+workload's completion tokens over the run's wall-clock span (median over repeats), shown once under the table with
+each workload's share of it. It is not shown per workload: workloads sent interleaved share one span, so a
+workload's tokens over it would read as a speed (10 tok/s for a workload decoding at 26 tok/s, when three share a
+run at concurrency 1).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from specproxy.analysis.aggregate import GroupReport, build_report
+from specproxy.analysis.aggregate import Figure, GroupReport, build_report
 from specproxy.core.record import Record
 from specproxy.core.stats import Summary, summarize
 
@@ -25,6 +31,8 @@ class RunSummary:
     warmup_failed: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
     interrupted: bool = False
+    output_tok_s: Figure | None = None  # the whole run's output rate (median over repeats)
+    tokens: tuple[tuple[str, float], ...] = ()  # completion tokens per workload, in the table's order
 
     @property
     def requests(self) -> int:
@@ -46,16 +54,38 @@ def summarize_run(
     order: Sequence[str] = (),
 ) -> RunSummary:
     """The report by workload, workloads in ``order`` first, then as met."""
+    records = list(records)
     groups = {g.get("workload"): g for g in build_report(records, ("workload",)).groups}
     ordered = [groups.pop(w) for w in order if w in groups]
+    workloads = (*ordered, *groups.values())
+    whole = build_report(records, ("run_id",)).groups if records else ()  # one group: a run has one run_id
+    tokens: dict[str, float] = {}
+    for r in records:
+        tokens[r["workload"]] = tokens.get(r["workload"], 0.0) + (r["completion_tokens"] or 0)
     return RunSummary(
-        workloads=(*ordered, *groups.values()),
+        workloads=workloads,
         send_lag_s=summarize(lags_s) if lags_s else None,
         warmup_sent=warmup_sent,
         warmup_failed=warmup_failed,
         notes=tuple(notes),
         interrupted=interrupted,
+        output_tok_s=whole[0].figures["output_tok_s"] if len(whole) == 1 else None,
+        tokens=tuple((w.get("workload") or "-", tokens.get(w.get("workload") or "", 0.0)) for w in workloads),
     )
+
+
+def output_line(s: RunSummary) -> str | None:
+    """The run's output rate and each workload's share of it, named so that the share is not read as a speed."""
+    fig = s.output_tok_s
+    if fig is None or fig.value is None:
+        return None
+    total = sum(t for _, t in s.tokens)
+    line = f"output of the whole run: {fig.value:.1f} tok/s (completion tokens over the run's wall-clock span"
+    line += ", median over repeats)" if fig.n > 1 else ")"
+    if len(s.tokens) > 1 and total > 0:
+        shares = ", ".join(f"{w} {fig.value * t / total:.1f}" for w, t in s.tokens)
+        line += f"\n  each workload's share of it (not its speed: that is decode tok/s): {shares}"
+    return line
 
 
 def acceptance_source(g: GroupReport) -> str | None:
@@ -85,7 +115,7 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
 def format_summary(s: RunSummary, *, title: str = "") -> str:
     lines: list[str] = [title] if title else []
     repeats = max((w.repeats for w in s.workloads), default=0)
-    header = ["workload", "ok", "errors", "decode tok/s", "output tok/s", "TTFT p50", "TTFT p99", "ITL p50",
+    header = ["workload", "ok", "errors", "decode tok/s", "TTFT p50", "TTFT p99", "ITL p50",
               "step p50", "acceptance", "accept len", "source"]  # fmt: skip
     rows = [header]
     for w in s.workloads:
@@ -94,7 +124,7 @@ def format_summary(s: RunSummary, *, title: str = "") -> str:
         err = str(w.errors) + (f" ({cancelled} cancelled)" if cancelled else "")
         rows.append([
             w.get("workload") or "-", str(w.outcomes.get("ok", 0)), err, _f(f("decode_tok_s_p50")),
-            _f(f("output_tok_s")), _ms(f("ttft_s_p50")), _ms(f("ttft_s_p99")), _ms(f("itl_s_p50")),
+            _ms(f("ttft_s_p50")), _ms(f("ttft_s_p99")), _ms(f("itl_s_p50")),
             _ms(f("step_s_p50")), _f(f("acceptance_rate"), ".3f"), _f(f("mean_acceptance_length"), ".2f"),
             acceptance_source(w) or "-",
         ])  # fmt: skip
@@ -104,6 +134,10 @@ def format_summary(s: RunSummary, *, title: str = "") -> str:
         if repeats > 1:
             lines.append(f"medians over {repeats} repeats:")
         lines.extend(_table(rows))
+        lines.append("decode tok/s: per request, tokens after the first over the time after the first (median)")
+    output = output_line(s)
+    if output is not None:
+        lines.append(output)
     if repeats > 1:
         lines.append("")
         lines.append(f"per-repeat spread (median, min-max over {repeats} repeats):")
