@@ -33,7 +33,7 @@ def _root(
 
 
 def _register_commands() -> None:
-    from specproxy.commands import analysis, bench, demo, proxy, run, sim
+    from specproxy.commands import analysis, bench, demo, engine, proxy, run, sim
 
     demo.register(app)
     sim.register(app)
@@ -41,6 +41,7 @@ def _register_commands() -> None:
     run.register(app)
     analysis.register(app)
     bench.register(app)
+    engine.register(app)
 
 
 _register_commands()
