@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,41 @@ def test_an_engine_never_healthy_is_stopped_after_the_wait(tmp_path: Path) -> No
     with pytest.raises(EngineError, match=r"not healthy within 2 s[\s\S]*loading"):
         start(argv, env=dict(os.environ), log_path=tmp_path / "log", healthy_within_s=2)
     assert time.monotonic() - t0 < 30
+
+
+def test_serve_prints_the_url_when_healthy_and_stops_the_engine_on_sigterm(tmp_path: Path) -> None:
+    """``serve`` on a set-up whose python is a stand-in: it records the command line it was given and runs the
+    simulator on the port vLLM would listen on."""
+    lay = vllm_cpu.Layout(tmp_path)
+    lay.python.parent.mkdir(parents=True)
+    lay.python.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {tmp_path}/argv\n'
+        'while [ $# -gt 0 ]; do [ "$1" = --port ] && port=$2; shift; done\n'
+        f'exec {sys.executable} -m specproxy sim --listen "127.0.0.1:$port" --speed 50\n'
+    )
+    lay.python.chmod(0o755)
+    lay.model.mkdir()
+    (lay.model / "config.json").write_text("{}")
+    lay.marker.write_text(json.dumps({"pins": vllm_cpu._pins()}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specproxy", "engine", "vllm-cpu", "serve", "--dir", str(tmp_path), "--ngram", "2",
+         "--", "--max-num-seqs", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = line.split()[0]
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            assert r.status == 200
+        argv = (tmp_path / "argv").read_text()
+        assert "-m vllm.entrypoints.openai.api_server" in argv and '"num_speculative_tokens":2' in argv
+        assert argv.rstrip().endswith("--max-num-seqs 4")  # extra arguments last
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url + "/health", timeout=2)
