@@ -111,16 +111,6 @@ def test_a_request_cut_by_max_tokens_takes_the_unemitted_tail_up_to_k() -> None:
     assert iv.accepted_share("a", {})[0] == 3  # not cut: the rest is not its
 
 
-def test_a_stop_token_inside_the_last_step_leaves_a_tail_too_unless_another_member_was_cut() -> None:
-    # real vLLM: the stop token came second of a 4-token step, the 2 drafts after it were counted, never emitted
-    delta = SpecCounts(accepted=5, drafts=4, draft_tokens=12, per_position=(2.0, 2.0, 1.0))
-    iv = Interval(delta, {"a": _act(4, 7, exact=True, pos=[2, 1])}, {"a": "code"}, stopped={"a"})
-    assert iv.accepted_share("a", {})[0] == 5
-    members = {"a": _act(4, 7, exact=True, pos=[2, 1]), "b": _act(2, 2, exact=True)}
-    iv = Interval(delta, members, {}, stopped={"a"}, truncated={"b"})  # a max_tokens cut takes the tail first
-    assert (iv.accepted_share("a", {})[0], iv.accepted_share("b", {})[0]) == (3, 2)
-
-
 def test_foreign_steps_keep_only_our_part_of_the_rest() -> None:
     iv = Interval(SpecCounts(accepted=20, drafts=20, draft_tokens=60), {"a": _act(10, 25, exact=False)}, {"a": "ja"},
                   foreign_steps=10)  # fmt: skip

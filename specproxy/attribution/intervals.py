@@ -120,7 +120,6 @@ class Interval:
     # did not stream (another client, a non-streamed request) share the delta, so ours take only their part
     foreign_steps: float = 0.0
     truncated: set[str] = field(default_factory=set)  # members that ended cut by max_tokens
-    stopped: set[str] = field(default_factory=set)  # members that ended by a stop token
 
     @property
     def steps(self) -> float:
@@ -207,8 +206,7 @@ class Interval:
         What remains of the delta goes to the inexact members: between workloads as the acceptance model ``coef``
         predicts them here (or by steps without a model), within a workload by text beyond one token per step (an
         approximate count, but the same tokenizer for the same kind of text), else by steps. With no inexact
-        member, what remains is the unemitted tail of a max_tokens cut, when a member ended so, else of a stop token
-        inside a member's last step.
+        member, what remains is the unemitted tail of a max_tokens cut, when a member ended so.
         """
         per_position = self.delta.per_position
         k = len(per_position)
@@ -223,7 +221,7 @@ class Interval:
         if me.exact:
             accepted = me.extra_tokens
             pos = [me.position(i) for i in range(k)]
-            cut_ids = [m for m in exact_ids if m in self.truncated] or [m for m in exact_ids if m in self.stopped]
+            cut_ids = [m for m in exact_ids if m in self.truncated]
             if not inexact and not self.foreign_steps and rid in cut_ids and rest > 0:
                 # the unemitted drafts of the last step: at most k tokens per request cut
                 extra = min(rest / len(cut_ids), float(k)) if k else rest / len(cut_ids)

@@ -41,7 +41,6 @@ class _Request:
     reset: bool = False
     ended: bool = False
     truncated: bool = False  # ended cut by max_tokens
-    stopped: bool = False  # ended by a stop token, which may fall inside its last step
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +90,13 @@ class CounterLedger:
     def pending_chunks(self) -> int:
         return len(self._chunks)
 
-    def end(self, rid: str, *, truncated: bool = False, stopped: bool = False) -> None:
+    def end(self, rid: str, *, truncated: bool = False) -> None:
         """The request finished. ``truncated``: cut by max_tokens, so the engine counted accepted drafts of its last
-        step that were never emitted (measured on real vLLM): an interval's unexplained accepted tokens are its.
-        ``stopped``: ended by a stop token, which discards the drafts accepted after it in its step (also measured
-        on real vLLM): such a tail is its when no member of the interval was cut by max_tokens."""
+        step that were never emitted (measured on real vLLM): an interval's unexplained accepted tokens are its."""
         r = self._req.get(rid)
         if r is not None:
             r.ended = True
             r.truncated = r.truncated or truncated
-            r.stopped = r.stopped or stopped
 
     # -- what the scraper reports ----------------------------------------------------------------------------------
     def baseline(self, boundary_ns: int) -> None:
@@ -191,8 +187,6 @@ class CounterLedger:
         for interval in r.intervals:
             if r.truncated:
                 interval.truncated.add(rid)
-            if r.stopped:
-                interval.stopped.add(rid)
             drafts, draft_tokens = interval.draft_share(rid, rates, partial)
             accepted, pos = interval.accepted_share(rid, coef)
             mine = mine + SpecCounts(accepted, drafts, draft_tokens, tuple(pos))

@@ -141,8 +141,7 @@ class Recorder:
         self.in_flight -= 1
         self.metrics.in_flight.dec()
         tl = trace.timeline
-        reason = tl.finish_reason if tl is not None else None
-        self.ledger.end(trace.meta.request_id, truncated=reason == "length", stopped=reason == "stop")
+        self.ledger.end(trace.meta.request_id, truncated=tl is not None and tl.finish_reason == "length")
         task = asyncio.get_running_loop().create_task(self._finalize(trace, outcome, error, end_ns))
         self._finalizers.add(task)
         task.add_done_callback(self._finalizers.discard)
