@@ -230,7 +230,7 @@ async def test_mixed_run_attribution_sums_to_the_counters_and_matches_separate_r
 ) -> None:
     """ja_chat and code_agent at concurrency 4 through the proxy, with the load generator recording too; then each
     workload alone on the same prompts. Also: both recorders' files are complete and parse."""
-    per_workload = 6
+    per_workload = 8
     async with aiohttp.ClientSession() as s:
         mixed_proxy, mixed_gen = tmp_path / "mixed-proxy.jsonl", tmp_path / "mixed-gen.jsonl"
         before = await _settled(s, ngram_engine)
@@ -241,7 +241,7 @@ async def test_mixed_run_attribution_sums_to_the_counters_and_matches_separate_r
         for workload in ("ja_chat", "code_agent"):
             out = tmp_path / f"{workload}.jsonl"
             await _generate(ngram_engine.url, ngram_engine, out, workload, per_workload)
-            alone.update(_acceptance(list(read_records(out)), "counters"))
+            alone.update(_acceptance(list(read_records(out)), "server"))
 
     _complete_and_parse(mixed_proxy, 2 * per_workload)
     _complete_and_parse(mixed_gen, 2 * per_workload)
@@ -270,12 +270,12 @@ async def test_mixed_run_attribution_sums_to_the_counters_and_matches_separate_r
         server, shared = _acceptance(recs, "server"), _acceptance(recs, "counters")
         assert set(shared) == {"ja_chat", "code_agent"}
         for w in shared:
-            assert abs(shared[w] - server[w]) <= 0.05, (w, shared, server)
+            assert abs(shared[w] - server[w]) <= 0.08, (w, shared, server)
     # mixed or alone, a workload's acceptance is the same within run-to-run noise (batching changes bf16 numerics,
     # so texts and acceptance move a little between runs)
-    mixed = _acceptance(proxy_recs, "counters")
+    mixed = _acceptance(proxy_recs, "server")
     for w in mixed:
-        assert abs(mixed[w] - alone[w]) <= 0.08, (w, mixed, alone)
+        assert abs(mixed[w] - alone[w]) <= 0.06, (w, mixed, alone)
 
 
 def _complete_and_parse(path: Path, expected: int) -> None:
