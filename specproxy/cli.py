@@ -33,7 +33,7 @@ def _root(
 
 
 def _register_commands() -> None:
-    from specproxy.commands import analysis, bench, demo, export, health, matrix, proxy, run, sim, sweep
+    from specproxy.commands import analysis, bench, demo, engine, export, health, matrix, proxy, run, sim, sweep
 
     demo.register(app)
     sim.register(app)
@@ -45,6 +45,7 @@ def _register_commands() -> None:
     health.register(app)
     sweep.register(app)
     matrix.register(app)
+    engine.register(app)
 
 
 _register_commands()
