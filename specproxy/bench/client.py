@@ -30,6 +30,7 @@ class _Target:
         self.max_gap_us: list[int] = []
         self.events = 0
         self.errors: Counter[str] = Counter()
+        self.error_examples: dict[str, str] = {}
         self.statuses: Counter[int] = Counter()
         self.last_ns = 0
 
@@ -44,6 +45,7 @@ class _Target:
             "max_gap_us": self.max_gap_us,
             "statuses": {str(k): v for k, v in self.statuses.items()},
             "errors": dict(self.errors),
+            "error_examples": self.error_examples,
             "last_ns": self.last_ns,
         }
 
@@ -90,6 +92,7 @@ async def _stream(session: aiohttp.ClientSession, t: _Target, body: bytes, delay
                 last = now
     except (TimeoutError, aiohttp.ClientError) as e:
         t.errors[type(e).__name__] += 1
+        t.error_examples.setdefault(type(e).__name__, str(e)[:160])
     t.max_gap_us.append(gap // 1000)
     t.last_ns = max(t.last_ns, last)
 

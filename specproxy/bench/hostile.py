@@ -22,8 +22,8 @@ from typing import Any
 
 import aiohttp
 
-from specproxy.bench.procs import StartError, python_child, spawn_client, tree_rss_bytes
-from specproxy.bench.run import BenchConfig, raise_nofile
+from specproxy.bench.procs import Child, StartError, python_child, spawn_client, tree_rss_bytes
+from specproxy.bench.run import BenchConfig, proxy_has_workers, raise_nofile
 
 GAP_LIMIT_MS = 50.0
 RSS_LIMIT_MB = 400.0
@@ -95,7 +95,14 @@ def cases(tmp: Path, upstream: str) -> list[Case]:
     ]
 
 
-async def _case(case: Case, cfg: BenchConfig, upstream: str, tmp: Path, i: int) -> dict[str, Any]:
+async def _start(stack: contextlib.AsyncExitStack, args: list[str]) -> Child | StartError:
+    try:
+        return await stack.enter_async_context(python_child("-m", "specproxy", "proxy", *args))
+    except StartError as e:
+        return e
+
+
+async def _case(case: Case, cfg: BenchConfig, upstream: str, px: Child | StartError) -> dict[str, Any]:
     row: dict[str, Any] = {
         "input": case.name,
         "gap_added_ms": None,
@@ -107,62 +114,48 @@ async def _case(case: Case, cfg: BenchConfig, upstream: str, tmp: Path, i: int) 
         "statuses": {},
         "errors": {},
     }
-    try:
-        async with python_child(
-            "-m",
-            "specproxy",
-            "proxy",
-            "--upstream",
-            upstream,
-            "--listen",
-            "127.0.0.1:0",
-            "--record",
-            str(tmp / f"hostile-{i}.jsonl"),
-            *case.proxy_args,
-        ) as px:
-            peak = tree_rss_bytes(px.pid)
-            done = asyncio.Event()
-
-            async def sample() -> None:
-                nonlocal peak
-                while not done.is_set():
-                    peak = max(peak, tree_rss_bytes(px.pid))
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(done.wait(), 0.05)
-
-            sampler = asyncio.create_task(sample())
-            n = cfg.hostile_streams
-            spec = json.dumps(
-                {
-                    "targets": [
-                        {"name": "proxy", "url": px.url, "streams": n},
-                        {"name": "direct", "url": upstream, "streams": n},
-                    ],
-                    "tokens": cfg.tokens,
-                    "steps_per_s": cfg.steps_per_s,
-                    "stagger_s": max(1 / cfg.steps_per_s, 2 * n * 0.001),
-                    "timeout_s": 300,
-                }
-            )
-            flowing = asyncio.Event()
-            client = asyncio.create_task(spawn_client(spec, flowing))
-            await asyncio.wait([asyncio.create_task(flowing.wait()), client], return_when=asyncio.FIRST_COMPLETED)
-            if case.send is not None:
-                t0 = time.monotonic()
-                timeout = aiohttp.ClientTimeout(total=120)
-                async with aiohttp.ClientSession(timeout=timeout) as s:
-                    try:
-                        row["status"] = await case.send(s, px.url)
-                    except (TimeoutError, aiohttp.ClientError) as e:
-                        row["status"] = f"no answer ({type(e).__name__})"
-                row["hostile_s"] = time.monotonic() - t0
-            out = json.loads(await client)
-            done.set()
-            await sampler
-    except StartError as e:
-        row["status"] = f"refused at start: {e}"[:200]
+    if isinstance(px, StartError):
+        row["status"] = f"refused at start: {px}"[:200]
         row.update(gap_pass=None, rss_pass=None, answered=None, refused=True)
         return row
+    peak = tree_rss_bytes(px.pid)
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, tree_rss_bytes(px.pid))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), 0.05)
+
+    sampler = asyncio.create_task(sample())
+    n = cfg.hostile_streams
+    spec = json.dumps(
+        {
+            "targets": [
+                {"name": "proxy", "url": px.url, "streams": n},
+                {"name": "direct", "url": upstream, "streams": n},
+            ],
+            "tokens": cfg.tokens,
+            "steps_per_s": cfg.steps_per_s,
+            "stagger_s": max(1 / cfg.steps_per_s, 2 * n * 0.001),
+            "timeout_s": 300,
+        }
+    )
+    flowing = asyncio.Event()
+    client = asyncio.create_task(spawn_client(spec, flowing))
+    await asyncio.wait([asyncio.create_task(flowing.wait()), client], return_when=asyncio.FIRST_COMPLETED)
+    if case.send is not None:
+        t0 = time.monotonic()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+            try:
+                row["status"] = await case.send(s, px.url)
+            except (TimeoutError, aiohttp.ClientError) as e:
+                row["status"] = f"no answer ({type(e).__name__})"
+        row["hostile_s"] = time.monotonic() - t0
+    out = json.loads(await client)
+    done.set()
+    await sampler
     prox, direct = out["targets"]
     row["gap_added_ms"] = (max(prox["max_gap_us"]) - max(direct["max_gap_us"])) / 1000
     row["rss_peak_mb"] = peak / 2**20
@@ -182,22 +175,39 @@ async def _case(case: Case, cfg: BenchConfig, upstream: str, tmp: Path, i: int) 
 
 
 async def run_hostile(cfg: BenchConfig) -> dict[str, Any]:
+    """Every input's proxy starts at once (they idle until their turn); the inputs then run one after another."""
     raise_nofile()
+    notes: list[str] = []
+    extra: list[str] = []
+    if cfg.workers is not None:
+        if await proxy_has_workers():
+            extra = ["--workers", str(cfg.workers)]
+        else:
+            notes.append(f"specproxy proxy has no --workers option in this build: --workers {cfg.workers} not applied")
     rows = []
     with tempfile.TemporaryDirectory(prefix="specproxy-bench-hostile-") as d:
         tmp = Path(d)
-        async with python_child(
-            "-m", "specproxy.bench.upstream", "--steps-per-s", str(cfg.steps_per_s), url_on="stdout"
-        ) as up:
-            for i, case in enumerate(cases(tmp, up.url)):
-                rows.append(await _case(case, cfg, up.url, tmp, i))
+        async with (
+            python_child("-m", "specproxy.bench.upstream", "--steps-per-s", str(cfg.steps_per_s), url_on="stdout")
+            as up,
+            contextlib.AsyncExitStack() as stack,
+        ):  # fmt: skip
+            todo = cases(tmp, up.url)
+            base = ["--upstream", up.url, "--listen", "127.0.0.1:0", *extra]
+            proxies = await asyncio.gather(
+                *(_start(stack, [*base, "--record", str(tmp / f"hostile-{i}.jsonl"), *c.proxy_args])
+                  for i, c in enumerate(todo))
+            )  # fmt: skip
+            for case, px in zip(todo, proxies, strict=True):
+                rows.append(await _case(case, cfg, up.url, px))
     return {
         "streams": cfg.hostile_streams,
         "tokens": cfg.tokens,
         "steps_per_s": cfg.steps_per_s,
         "sharing": f"{os.cpu_count()} cores shared by the upstream (1 process), the client (1 process) and the proxy"
-        " (its whole process tree); the hostile input is sent from the bench's own process; nothing is pinned",
-        "notes": [],
+        " (its whole process tree); the other inputs' proxies idle meanwhile; the hostile input is sent from the"
+        " bench's own process; nothing is pinned",
+        "notes": notes,
         "limits": {"gap_added_ms": GAP_LIMIT_MS, "rss_peak_mb": RSS_LIMIT_MB},
         "inputs": rows,
     }

@@ -108,6 +108,8 @@ def render_levels(result: dict[str, Any]) -> str:
         f" against the static upstream (floor {cap['floor']:,}: {'pass' if cap['pass'] else 'FAIL'})",
     ]
     out += _targets(result)
+    failures = {k: v for level in result["levels"] for r in level["rows"] for k, v in r["error_examples"].items()}
+    out += [f"client error {k}: {v}" for k, v in failures.items()]
     return "\n".join(out)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from specproxy.bench.procs import Child, nginx, nginx_path, python_child, spawn_client, tree_cpu_s, tree_rss_bytes
 from specproxy.core.stats import percentile
 
+SATURATED_MS = 5.0  # direct's own p50 transit past this: the load, not the relay, sets the figures
 CLIENT_FLOOR = 20_000  # chunks/s one client process must take, or the bench measures itself
 
 
@@ -113,7 +114,9 @@ async def measure(relay: Relay, targets_streams: int, tokens: int, rate: float, 
     span_s = (max(p["last_ns"] for p in parts) - min(o["start_ns"] for o in outs)) / 1e9
     statuses: dict[str, int] = {}
     errors: dict[str, int] = {}
+    examples: dict[str, str] = {}
     for p in parts:
+        examples.update(p["error_examples"])
         for k, v in p["statuses"].items():
             statuses[k] = statuses.get(k, 0) + v
         for k, v in p["errors"].items():
@@ -126,6 +129,7 @@ async def measure(relay: Relay, targets_streams: int, tokens: int, rate: float, 
         "expected": sum(p["expected"] for p in parts),
         "statuses": statuses,
         "errors": errors,
+        "error_examples": examples,
         "lat_p50_ms": _ms(percentile(lat, 50)),
         "lat_p99_ms": _ms(percentile(lat, 99)),
         "ttft_p50_ms": _ms(percentile(ttft, 50)),
@@ -164,9 +168,14 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
             "specproxy proxy has no --workers option in this build: one specproxy row, measured without it"
             + (f" (--workers {cfg.workers} not applied)" if cfg.workers else "")
         )
+    binary = nginx_path() if cfg.use_nginx else None
+    if binary is None:
+        notes.append(
+            "nginx skipped: " + ("not installed (Debian: apt-get install nginx)" if cfg.use_nginx else "--no-nginx")
+        )
     async with contextlib.AsyncExitStack() as stack:
-        for i, (name, extra) in enumerate(variants):
-            child = await stack.enter_async_context(
+        starts = [
+            stack.enter_async_context(
                 python_child(
                     "-m",
                     "specproxy",
@@ -180,15 +189,13 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
                     *extra,
                 )
             )
-            rows.append(Relay(name, child.url, child.pid))
-        binary = nginx_path() if cfg.use_nginx else None
-        if binary is None:
-            notes.append(
-                "nginx skipped: " + ("not installed (Debian: apt-get install nginx)" if cfg.use_nginx else "--no-nginx")
-            )
-        else:
-            ng = await stack.enter_async_context(nginx(binary, upstream.url))
-            rows.append(Relay("nginx (1 worker)", ng.url, ng.pid))
+            for i, (_, extra) in enumerate(variants)
+        ]
+        if binary is not None:
+            starts.append(stack.enter_async_context(nginx(binary, upstream.url)))
+        names = [name for name, _ in variants] + ["nginx (1 worker)"]
+        children = await asyncio.gather(*starts)  # all at once: startup is most of a short run's time
+        rows += [Relay(name, c.url, c.pid) for name, c in zip(names, children, strict=False)]
         yield rows
 
 
@@ -208,6 +215,12 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
                 level = [await measure(r, n, cfg.tokens, cfg.steps_per_s, cfg.clients) for r in rows]
                 for row in level:
                     _added(row, level[0])
+                late = level[0]["lat_p50_ms"]
+                if late is not None and late > SATURATED_MS:
+                    notes.append(
+                        f"at {n} streams direct itself is late (p50 {late:.1f} ms): the upstream, the client or the"
+                        " machine is saturated, so that level's added figures measure contention, not the relay alone"
+                    )
                 levels.append({"streams": n, "rows": level})
             for r in rows:
                 saturation.append(await measure(r, cfg.saturation_streams, cfg.saturation_tokens, 0.0, cfg.clients))
