@@ -1,4 +1,4 @@
-"""``specproxy bench``: the proxy's cost, direct versus proxied, side by side."""
+"""``specproxy bench``: direct, specproxy and nginx side by side; ``--hostile``: what single inputs do to streams."""
 
 from __future__ import annotations
 
@@ -7,27 +7,69 @@ import typer
 from specproxy.commands.common import command, run_async
 
 
+def _levels(value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"--streams takes counts like 1,64,256, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise typer.BadParameter(f"--streams takes counts of at least 1, got {value!r}")
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @command(app, "bench")
     def bench(
-        concurrency: int = typer.Option(32, "--concurrency", help="Concurrent streams."),
-        requests: int = typer.Option(128, "--requests", help="Requests per round and path."),
-        max_tokens: int = typer.Option(256, "--max-tokens", help="max_tokens of each request."),
-        rounds: int = typer.Option(5, "--rounds", help="Rounds, each direct then through the proxy."),
-        speed: float = typer.Option(20.0, "--speed", help="Simulator speed (higher: faster chunks)."),
+        streams: str = typer.Option("1,64,256,1024", "--streams", help="Stream levels, comma-separated."),
+        tokens: int = typer.Option(150, "--tokens", help="Events per stream."),
+        steps_per_s: float = typer.Option(25.0, "--steps-per-s", help="Events per second per stream upstream."),
+        workers: int | None = typer.Option(None, "--workers", help="N for the `specproxy proxy --workers N` row."),
+        clients: int = typer.Option(1, "--clients", help="Client processes the streams are spread over."),
+        saturation_streams: int = typer.Option(64, "--saturation-streams", help="Streams at saturation."),
+        saturation_tokens: int = typer.Option(1000, "--saturation-tokens", help="Events per stream at saturation."),
+        no_nginx: bool = typer.Option(False, "--no-nginx", help="Leave nginx out."),
+        hostile: bool = typer.Option(False, "--hostile", help="Measure the hostile inputs instead."),
+        hostile_streams: int = typer.Option(64, "--hostile-streams", help="Streams each way during --hostile."),
+        fmt: str = typer.Option("table", "--format", help="table or json."),
     ) -> None:
-        """What the proxy costs: chunks/s, TTFT and chunk gaps direct vs through it, and its own time per read."""
+        """Added per-event latency, TTFT, CPU and memory of specproxy and nginx against direct, in one run."""
+        levels = _levels(streams)
         for name, value in (
-            ("--concurrency", concurrency),
-            ("--requests", requests),
-            ("--max-tokens", max_tokens),
-            ("--rounds", rounds),
+            ("--tokens", tokens),
+            ("--clients", clients),
+            ("--saturation-streams", saturation_streams),
+            ("--saturation-tokens", saturation_tokens),
+            ("--hostile-streams", hostile_streams),
         ):
             if value < 1:
                 raise typer.BadParameter(f"{name} must be at least 1, got {value}")
-        if speed <= 0:
-            raise typer.BadParameter(f"--speed must be positive, got {speed}")
-        from specproxy.bench import BenchConfig, run_bench
+        if workers is not None and workers < 1:
+            raise typer.BadParameter(f"--workers must be at least 1, got {workers}")
+        if steps_per_s <= 0:
+            raise typer.BadParameter(f"--steps-per-s must be positive, got {steps_per_s}")
+        if fmt not in ("table", "json"):
+            raise typer.BadParameter(f"--format must be table or json, got {fmt!r}")
+        from specproxy.bench.render import as_json, render_hostile, render_levels
+        from specproxy.bench.run import BenchConfig
 
-        cfg = BenchConfig(concurrency=concurrency, requests=requests, max_tokens=max_tokens, rounds=rounds, speed=speed)
-        typer.echo(run_async(run_bench(cfg)))
+        cfg = BenchConfig(
+            streams=levels,
+            tokens=tokens,
+            steps_per_s=steps_per_s,
+            workers=workers,
+            clients=clients,
+            saturation_streams=saturation_streams,
+            saturation_tokens=saturation_tokens,
+            use_nginx=not no_nginx,
+            hostile_streams=hostile_streams,
+        )
+        if hostile:
+            from specproxy.bench.hostile import run_hostile
+
+            result = run_async(run_hostile(cfg))
+            typer.echo(as_json(result) if fmt == "json" else render_hostile(result))
+        else:
+            from specproxy.bench.run import run_levels
+
+            result = run_async(run_levels(cfg))
+            typer.echo(as_json(result) if fmt == "json" else render_levels(result))

@@ -1,0 +1,244 @@
+"""The bench's processes: start them, find their URLs, read their CPU and memory from ``/proc``, stop them.
+
+CPU and RSS are read for a process *tree* (the process and every live descendant; CPU also counts descendants that
+have ended and were waited for), so a relay made of several processes (specproxy's workers, nginx's master and
+workers) is measured whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_URL = re.compile(rb"(http://[\d.]+:\d+)")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces: split after it
+    except (OSError, IndexError):
+        return None
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and its live descendants."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st is not None:
+                children.setdefault(int(st[1]), []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def tree_cpu_s(root: int) -> float:
+    """User + system seconds of the tree, ended-and-waited children included (utime, stime, cutime, cstime)."""
+    ticks = 0
+    for pid in tree(root):
+        st = _stat(pid)
+        if st is not None:
+            ticks += sum(int(x) for x in st[11:15])
+    return ticks / _TICK
+
+
+def tree_rss_bytes(root: int) -> int:
+    total = 0
+    for pid in tree(root):
+        st = _stat(pid)
+        if st is not None:
+            total += int(st[21]) * _PAGE
+    return total
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Child:
+    """A started process: its URL once it listens, its pid, the last lines it wrote to stderr."""
+
+    url: str
+    pid: int
+    log: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+
+
+class StartError(RuntimeError):
+    """A process under test exited or never listened; the message holds its last words."""
+
+
+async def _drain(stream: asyncio.StreamReader, log: deque[str]) -> None:
+    while line := await stream.readline():
+        log.append(line.decode(errors="replace").rstrip())
+
+
+@contextlib.asynccontextmanager
+async def python_child(*args: str, url_on: str = "stderr", wait_s: float = 30.0) -> AsyncIterator[Child]:
+    """``python ARGS``; its URL is the first ``http://host:port`` it prints on ``url_on``."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    log: deque[str] = deque(maxlen=20)
+    first, other = (proc.stderr, proc.stdout) if url_on == "stderr" else (proc.stdout, proc.stderr)
+    drains = [asyncio.create_task(_drain(other, log))]
+    try:
+        url = None
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout(wait_s):
+                while url is None:
+                    line = await first.readline()
+                    if not line:
+                        break
+                    log.append(line.decode(errors="replace").rstrip())
+                    m = _URL.search(line)
+                    url = m.group(1).decode() if m else None
+        if url is None:
+            await asyncio.sleep(0.2)  # let the other stream's last words arrive
+            raise StartError(" / ".join(log) or f"exited with {proc.returncode}")
+        drains.append(asyncio.create_task(_drain(first, log)))
+        yield Child(url, proc.pid, log)
+    finally:
+        await _stop(proc)
+        for d in drains:
+            d.cancel()
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def spawn_client(spec: str, flowing: asyncio.Event | None = None) -> bytes:
+    """One client process; its JSON result. ``flowing`` is set once every stream has its first event."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "specproxy.bench.client",
+        spec,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    log: deque[str] = deque(maxlen=5)
+
+    async def watch(stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            if line.strip() == b"flowing" and flowing is not None:
+                flowing.set()
+            else:
+                log.append(line.decode(errors="replace").rstrip())
+
+    watcher = asyncio.create_task(watch(proc.stderr))
+    out = await proc.stdout.read()
+    await watcher
+    if await proc.wait() != 0:
+        raise StartError(f"bench client failed: {' / '.join(log)}")
+    return out
+
+
+def nginx_path() -> str | None:
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+
+
+def nginx_conf(tmp: Path, port: int, upstream_port: int, workers: int) -> str:
+    """SSE relay as nginx documents it: no buffering either way, HTTP/1.1 with kept-alive upstream connections."""
+    return f"""daemon off;
+worker_processes {workers};
+worker_rlimit_nofile 65536;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body;
+  proxy_temp_path {tmp}/proxy;
+  fastcgi_temp_path {tmp}/fastcgi;
+  uwsgi_temp_path {tmp}/uwsgi;
+  scgi_temp_path {tmp}/scgi;
+  upstream engine {{ server 127.0.0.1:{upstream_port}; keepalive 2048; }}
+  server {{
+    listen 127.0.0.1:{port};
+    client_max_body_size 64m;
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 600s;
+    }}
+  }}
+}}
+"""
+
+
+@contextlib.asynccontextmanager
+async def nginx(binary: str, upstream_url: str, workers: int = 1) -> AsyncIterator[Child]:
+    """nginx in the foreground as a child, with its own config, pid, logs and temp paths; on a free loopback port."""
+    with tempfile.TemporaryDirectory(prefix="specproxy-bench-nginx-") as d:
+        tmp = Path(d)
+        port = free_port()
+        conf = tmp / "nginx.conf"
+        conf.write_text(nginx_conf(tmp, port, int(upstream_url.rsplit(":", 1)[1]), workers))
+        os.chmod(tmp, 0o755)  # workers may run as another user: they must reach the temp paths
+        proc = await asyncio.create_subprocess_exec(
+            binary,
+            "-c",
+            str(conf),
+            "-p",
+            str(tmp),
+            "-e",
+            str(tmp / "error.log"),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            for _ in range(100):
+                if proc.returncode is not None:
+                    break
+                with contextlib.suppress(OSError):
+                    _, w = await asyncio.open_connection("127.0.0.1", port)
+                    w.close()
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise StartError("nginx did not listen within 5 s")
+            if proc.returncode is not None:
+                err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
+                log = (tmp / "error.log").read_text(errors="replace") if (tmp / "error.log").exists() else ""
+                raise StartError(f"nginx exited: {(err + log).strip()[-300:]}")
+            yield Child(f"http://127.0.0.1:{port}", proc.pid)
+        finally:
+            if proc.returncode is None:
+                proc.terminate()  # SIGTERM: nginx's fast shutdown
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

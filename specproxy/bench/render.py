@@ -1,0 +1,147 @@
+"""The bench's result as a plain table, or as JSON (the same figures, for scripts)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _f(v: Any, fmt: str = "{:.2f}", signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return (("+" if signed and v >= 0 else "") + fmt).format(v)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def _counts(row: dict[str, Any]) -> str:
+    bad = sum(row["errors"].values()) + sum(v for k, v in row["statuses"].items() if k != "200")
+    return f"{row['events']}/{row['expected']}" + (f" ({bad} failed)" if bad else "")
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else "pass" if ok else "FAIL"
+
+
+def _targets(result: dict[str, Any]) -> list[str]:
+    if not result["targets"]:
+        return []
+    rows = [
+        [
+            t["target"],
+            _f(t["value"], "{:.3g}"),
+            ("≥ " if "chunks/s" in t["target"] else "≤ ") + f"{t['limit']:g}",
+            "pass" if t["pass"] else "FAIL",
+        ]
+        for t in result["targets"]
+    ]
+    return ["", "targets", *_table(["", "measured", "target", ""], rows)]
+
+
+def render_levels(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    out = [
+        f"specproxy bench: {cfg['tokens']} events per stream at {cfg['steps_per_s']:g} steps/s, stamped at send by the"
+        " upstream and subtracted on receipt; added = relay's percentile minus direct's, in the same run",
+        result["sharing"],
+        *(f"note: {n}" for n in result["notes"]),
+    ]
+    header = [
+        "",
+        "events",
+        "p50 ms",
+        "p99 ms",
+        "added p50",
+        "added p99",
+        "TTFT p50",
+        "TTFT added",
+        "CPU ms/1k",
+        "KiB/stream",
+    ]
+    for level in result["levels"]:
+        rows = [
+            [
+                r["relay"],
+                _counts(r),
+                _f(r["lat_p50_ms"], "{:.3f}"),
+                _f(r["lat_p99_ms"], "{:.3f}"),
+                _f(r.get("added_p50_ms"), "{:.3f}", True) if r["relay"] != "direct" else "",
+                _f(r.get("added_p99_ms"), "{:.3f}", True) if r["relay"] != "direct" else "",
+                _f(r["ttft_p50_ms"]),
+                _f(r.get("ttft_added_ms"), signed=True) if r["relay"] != "direct" else "",
+                _f(r["cpu_ms_per_1000"], "{:.1f}"),
+                _f(r["mem_per_stream_kib"], "{:.1f}"),
+            ]
+            for r in level["rows"]
+        ]
+        out += ["", f"{level['streams']} streams", *_table(header, rows)]
+    sat = result["saturation"]
+    if sat:
+        s0 = sat[0]
+        rows = [
+            [
+                r["relay"],
+                _counts(r),
+                _f(r["chunks_per_s"], "{:,.0f}"),
+                _f(r["chunks_per_cpu_s"], "{:,.0f}"),
+                _f(r["cpu_ms_per_1000"], "{:.1f}"),
+                _f(r.get("cpu_vs_nginx"), "{:.2f}x"),
+            ]
+            for r in sat
+        ]
+        out += [
+            "",
+            f"saturation: {s0['streams']} streams, unpaced upstream (relay CPU: its whole process tree)",
+            *_table(["", "events", "chunks/s", "chunks/s per core", "CPU ms/1k", "CPU vs nginx"], rows),
+        ]
+    cap = result["client_capacity"]
+    out += [
+        "",
+        f"load generator: {_f(cap['chunks_per_s_per_process'], '{:,.0f}')} chunks/s per client process"
+        f" against the static upstream (floor {cap['floor']:,}: {'pass' if cap['pass'] else 'FAIL'})",
+    ]
+    out += _targets(result)
+    failures = {k: v for level in result["levels"] for r in level["rows"] for k, v in r["error_examples"].items()}
+    out += [f"client error {k}: {v}" for k, v in failures.items()]
+    return "\n".join(out)
+
+
+def render_hostile(result: dict[str, Any]) -> str:
+    out = [
+        f"specproxy bench --hostile: {result['streams']} streams through the proxy and {result['streams']} direct at"
+        f" {result['steps_per_s']:g} steps/s while one hostile input arrives; gap = largest inter-event gap of any"
+        " relayed stream minus the largest of any direct stream",
+        result["sharing"],
+        *(f"note: {n}" for n in result["notes"]),
+        "",
+    ]
+    rows = []
+    for r in result["inputs"]:
+        rows.append(
+            [
+                r["input"],
+                _f(r["gap_added_ms"], "{:.1f}", True),
+                _verdict(r["gap_pass"]),
+                _f(r["rss_peak_mb"], "{:.0f}"),
+                _verdict(r["rss_pass"]),
+                r["status"],
+                _verdict(r["answered"]),
+                _counts(r),
+            ]
+        )
+    out += _table(
+        ["input", "gap added ms", "≤ 50", "peak RSS MB", "< 400", "hostile request got", "answered", "relayed events"],
+        rows,
+    )
+    return "\n".join(out)
+
+
+def as_json(result: dict[str, Any]) -> str:
+    return json.dumps(result, indent=1)

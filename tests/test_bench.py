@@ -1,0 +1,145 @@
+"""``specproxy bench``: the stamping upstream and client measure what they should, and the bench's output holds.
+
+All over real loopback sockets with the real processes (upstream, client, proxy, nginx when installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from specproxy.bench.procs import nginx_path, python_child, spawn_client
+from specproxy.bench.wire import StampScan, event
+
+
+def test_stamps_survive_any_split() -> None:
+    data = b"".join(event(i, 1_000_000 + i) for i in range(5)) + b"data: [DONE]\n\n"
+    for cut in range(1, len(data)):
+        scan = StampScan()
+        got = scan.feed(data[:cut]) + scan.feed(data[cut:])
+        assert [int(s) for s in got] == [1_000_000 + i for i in range(5)], cut
+
+
+async def _delaying_relay(upstream: str, delay_s: float) -> TestServer:
+    """A pass-through that holds every piece exactly ``delay_s`` after it arrived (no accumulation)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+
+        async def read(r: aiohttp.ClientResponse) -> None:
+            async for piece in r.content.iter_any():
+                queue.put_nowait((loop.time() + delay_s, piece))
+            queue.put_nowait(None)
+
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(upstream + request.path, data=body, headers={"Content-Type": "application/json"}) as r,
+        ):
+            reader = asyncio.create_task(read(r))
+            while (item := await queue.get()) is not None:
+                await asyncio.sleep(max(0.0, item[0] - loop.time()))
+                await resp.write(item[1])
+            await reader
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    return server
+
+
+async def test_client_measures_an_injected_delay() -> None:
+    delay_ms = 40.0
+    async with python_child("-m", "specproxy.bench.upstream", "--steps-per-s", "20", url_on="stdout") as up:
+        relay = await _delaying_relay(up.url, delay_ms / 1000)
+        try:
+            spec = {
+                "targets": [
+                    {"name": "direct", "url": up.url, "streams": 3},
+                    {"name": "delayed", "url": str(relay.make_url("")).rstrip("/"), "streams": 3},
+                ],
+                "tokens": 8,
+                "steps_per_s": 20,
+                "stagger_s": 0.05,
+            }
+            out = json.loads(await spawn_client(json.dumps(spec)))
+        finally:
+            await relay.close()
+    direct, delayed = out["targets"]
+    for t in (direct, delayed):
+        assert t["events"] == t["expected"] == 24 and not t["errors"]
+        assert t["statuses"] == {"200": 3}
+        assert all(x >= 0 for x in t["lat_us"])
+    p50 = sorted(delayed["lat_us"])[12] / 1000 - sorted(direct["lat_us"])[12] / 1000
+    assert delay_ms - 5 <= p50 <= delay_ms + 30, p50
+    # the delay is per event, not per stream: the first event is late by it too, gaps are not
+    assert min(delayed["ttft_us"]) / 1000 >= delay_ms - 5
+    assert max(delayed["max_gap_us"]) / 1000 < 50 + 30  # 20 steps/s: 50 ms between events either way
+
+
+def _bench(*args: str) -> dict:  # type: ignore[type-arg]
+    p = subprocess.run(
+        [sys.executable, "-m", "specproxy", "bench", *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_bench_side_by_side_at_a_tiny_scale() -> None:
+    r = _bench("--streams", "3", "--tokens", "8", "--steps-per-s", "50", "--saturation-streams", "2",
+               "--saturation-tokens", "200", "--workers", "2")  # fmt: skip
+    (level,) = r["levels"]
+    assert level["streams"] == 3
+    names = [row["relay"] for row in level["rows"]]
+    assert names[0] == "direct" and any(n.startswith("specproxy") for n in names)
+    if nginx_path() is not None:
+        assert any(n.startswith("nginx") for n in names)
+    else:
+        assert any(n.startswith("nginx skipped") for n in r["notes"])
+    if not any(n.startswith("specproxy --workers") for n in names):
+        assert any("no --workers option" in n for n in r["notes"])
+    for row in level["rows"]:
+        assert row["events"] == row["expected"] == 3 * 8 and row["statuses"] == {"200": 3} and not row["errors"]
+        assert 0 < row["lat_p50_ms"] <= row["lat_p99_ms"] < 1000
+        assert 0 < row["ttft_p50_ms"] < 5000
+        if row["relay"] != "direct":
+            assert row["added_p50_ms"] > -0.5  # a relay cannot make events arrive sooner (beyond noise)
+            assert row["cpu_ms_per_1000"] >= 0 and row["rss_peak_mb"] > 1
+    sat = r["saturation"]
+    assert [s["relay"] for s in sat] == names
+    assert all(s["events"] == s["expected"] == 400 for s in sat)
+    assert r["client_capacity"]["chunks_per_s_per_process"] > 0
+    assert all(isinstance(t["pass"], bool) for t in r["targets"])
+
+
+@pytest.mark.slow
+def test_bench_hostile_inputs_get_answers() -> None:
+    r = _bench("--hostile", "--hostile-streams", "2", "--tokens", "20", "--steps-per-s", "50")
+    rows = {row["input"].split(",")[0].split(":")[0]: row for row in r["inputs"]}
+    assert len(r["inputs"]) == 5 and "none (reference)" in rows
+    for row in r["inputs"]:
+        if row["refused"]:  # a rule the proxy refuses at start is an answer too
+            assert row["status"].startswith("refused at start")
+            continue
+        assert row["events"] == row["expected"] == 2 * 20 and not row["errors"]
+        assert row["rss_peak_mb"] > 1 and row["gap_added_ms"] is not None
+        assert row["answered"], row
+    body = rows["60 MB JSON body of tiny elements"]
+    assert body["status"] in ("200", "400", "413")
