@@ -412,7 +412,12 @@ class ProxyHandle:
 
     @property
     def recorder(self) -> Recorder:
+        """The recorder, when the bookkeeper runs on this loop (``start_proxy`` without a channel)."""
         return self.runner.app[RECORDER]
+
+    @property
+    def link(self) -> EventLink:
+        return self.runner.app[LINK]
 
     @property
     def in_flight(self) -> int:
@@ -425,14 +430,19 @@ class ProxyHandle:
         return await stop_in_two_steps(self.runner, app[IN_FLIGHT], app[CONFIG].drain_timeout_s, cut)
 
 
-async def start_proxy(cfg: ProxyConfig) -> ProxyHandle:
+async def start_proxy(
+    cfg: ProxyConfig, channel: socket.socket | None = None, *, reuse_port: bool = False
+) -> ProxyHandle:
+    """A relay listening on ``cfg.host:cfg.port``, its bookkeeper on this loop, or behind ``channel`` (a Unix socket
+    to a bookkeeper process); ``reuse_port``: one of several relay processes on the port."""
     runner = await start_app(
-        build_app(cfg),
+        build_app(cfg, channel),
         cfg.host,
         cfg.port,
         shutdown_timeout=1.0,  # aiohttp's own wait, for stragglers only: ProxyHandle.close has drained and cut
         handler_cancellation=True,
         reuse_address=True,  # a restarted proxy takes its port back at once, despite connections in TIME_WAIT
         client_header_timeout=cfg.client_header_timeout_s,
+        reuse_port=reuse_port or None,
     )
     return ProxyHandle(base_url(runner), runner)
