@@ -46,8 +46,7 @@ async def start_app(
     lets in-flight handlers finish. ``handler_cancellation``: a client that disconnects cancels its handler at once.
     ``reuse_address``: None leaves the system's default. ``client_header_timeout``: seconds a client has to send a
     whole request head, from the moment it connects or from the first byte of its next request (None: no limit; a
-    number adds a middleware to ``app`` and serves it through :class:`_HeadTimedSite`). ``reuse_port``: SO_REUSEPORT,
-    so that several processes listen on one port (the kernel spreads the connections)."""
+    number adds a middleware to ``app`` and serves it through :class:`_HeadTimedSite`). ``reuse_port``: SO_REUSEPORT."""
     runner = web.AppRunner(
         app, handler_cancellation=handler_cancellation, shutdown_timeout=shutdown_timeout, access_log=None
     )
@@ -55,10 +54,11 @@ async def start_app(
         app.middlewares.append(_head_clock_middleware)  # before setup(), which freezes the app
     await runner.setup()
     try:
+        listen: dict[str, Any] = {"reuse_address": reuse_address, "reuse_port": reuse_port}
         if client_header_timeout is None:
-            await web.TCPSite(runner, host, port, reuse_address=reuse_address, reuse_port=reuse_port).start()
+            await web.TCPSite(runner, host, port, **listen).start()
         else:
-            await _HeadTimedSite(runner, host, port, reuse_address, client_header_timeout, reuse_port).start()
+            await _HeadTimedSite(runner, host, port, client_header_timeout, **listen).start()
     except BaseException:
         await runner.cleanup()
         raise
@@ -194,20 +194,12 @@ async def _head_clock_middleware(
 class _HeadTimedSite(web.BaseSite):
     """aiohttp's TCPSite, with each connection's protocol wrapped in a :class:`_HeadClock`."""
 
-    __slots__ = ("_header_timeout", "_host", "_port", "_reuse_address", "_reuse_port")
+    __slots__ = ("_header_timeout", "_host", "_listen", "_port")
 
-    def __init__(
-        self,
-        runner: web.AppRunner,
-        host: str,
-        port: int,
-        reuse_address: bool | None,
-        header_timeout: float,
-        reuse_port: bool | None = None,
-    ) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, header_timeout: float, **listen: Any) -> None:
         super().__init__(runner)
         self._host, self._port = host, port
-        self._reuse_address, self._header_timeout, self._reuse_port = reuse_address, header_timeout, reuse_port
+        self._header_timeout, self._listen = header_timeout, listen  # reuse_address, reuse_port
 
     @property
     def name(self) -> str:
@@ -223,9 +215,7 @@ class _HeadTimedSite(web.BaseSite):
             return _HeadClock(server(), loop, timeout)
 
         # BaseSite's stop() and the runner's addresses read the listening server from _server, as for every site
-        self._server = await loop.create_server(
-            protocol, self._host, self._port, reuse_address=self._reuse_address, reuse_port=self._reuse_port
-        )
+        self._server = await loop.create_server(protocol, self._host, self._port, **self._listen)
 
 
 # --- the request: its target and its body ------------------------------------------------------------------------

@@ -205,6 +205,7 @@ class Bookkeeper:
             "lost_records": sum(int(s.get("lost_records", 0)) for s in relays),
             "backlog_bytes": sum(int(s.get("backlog_bytes", 0)) for s in relays),
             "relay_overhead_mean_s": over / count / 1e9 if count else None,
+            "per_relay": [{k: s.get(k) for k in ("pid", "requests", "in_flight", "lost_records")} for s in relays],
         }
 
     def status(self) -> dict[str, Any]:

@@ -152,16 +152,19 @@ class _KeeperSide(asyncio.Protocol):
 
 
 async def _bookkeeper_main(cfg: ProxyConfig, channels: list[socket.socket], control: socket.socket) -> int:
-    _, writer = await _control(control)
+    reader, writer = await _control(control)
     loop = asyncio.get_running_loop()
     session = upstream_session(cfg)
     keeper = Bookkeeper(cfg, Recorder(cfg.recorder, session))
+    await _say(writer, ready=os.getpid())
+    # scrapes (and what they may log) begin once the proxy has said where it listens; relays' events wait in their
+    # channels meanwhile
+    await reader.readline()
     await keeper.start()
     sides = []
     for sock in channels:
         _, side = await loop.create_unix_connection(lambda: _KeeperSide(keeper), sock=sock)
         sides.append(side)
-    await _say(writer, ready=os.getpid())
     # every relay's channel closes when that relay has stopped (or died): then nothing more can come
     await asyncio.gather(*(s.closed for s in sides))
     await keeper.close()
@@ -273,6 +276,7 @@ async def supervise(
 
     with stop_signals(on_signal):
         on_ready(port)
+        _tell(keeper, do="go")
         watch = [asyncio.ensure_future(_watch(c, stop)) for c in children]
         relays_gone: asyncio.Future[list[None]] = asyncio.gather(*watch[1:])
         stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
