@@ -13,6 +13,11 @@ over ``--max-body`` is refused before it is read, a body that stops coming gets 
 is closed. :meth:`ProxyHandle.close` stops in two steps; streams it cuts are recorded with outcome ``shutdown``.
 Error texts, in records and in the proxy's own error responses, go through :func:`specproxy.core.errors.one_line`.
 
+The relay reads nothing of what it relays: per request it hands events to the bookkeeping
+(:class:`specproxy.proxy.link.EventLink`: the request, the response head, each read with the time it arrived, the
+outcome), which a bookkeeper interprets in another process (``--workers``) or on this loop (:func:`start_proxy`
+without a channel). The own endpoints are the bookkeeper's answers.
+
 One module: a relayed request's way through the proxy (target, body, upstream, stream, outcome) is one sequence of
 decisions about a single outcome and reads best top to bottom; what other servers share (listening, the limits of
 the front door, stopping) is in :mod:`specproxy.serving`.
