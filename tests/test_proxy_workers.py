@@ -20,7 +20,7 @@ import aiohttp
 from specproxy.core.record import read_records
 from tests.proxyutil import proxy_process
 from tests.simutil import CODE_PROMPT, JA_PROMPT, chat_body, sim_process
-from tests.test_proxy_sim_attribution import CODE_PROMPTS, JA_PROMPTS, truth_at
+from tests.test_proxy_sim_attribution import _mixed_plan, truth_at
 
 
 async def _status(s: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -65,14 +65,14 @@ async def _until_ready(s: aiohttp.ClientSession, url: str, relays: int) -> dict[
 
 
 async def test_two_relays_one_port_every_record_and_acceptance_close_to_truth(tmp_path: Path) -> None:
-    """64 mixed requests at concurrency 32 through two relays, counters only (no usage): every request is recorded
+    """240 mixed requests at concurrency 32 through two relays, counters only (no usage): every request is recorded
     once, both relays served, and per-workload acceptance is within 3 points of the simulator's counters."""
     record = tmp_path / "r.jsonl"
-    plan = [("ja_chat", JA_PROMPTS[i % 4]) if i % 2 else ("code_agent", CODE_PROMPTS[i % 4]) for i in range(64)]
+    plan = _mixed_plan(240, 7)  # the one-process test's plan: fewer requests leave the per-workload fit too loose
     async with sim_process("--seed", "7") as sim_url, aiohttp.ClientSession() as s:
-        async with proxy_process(sim_url, record, "--workers", "2", "--k", "3") as (url, proc_):
+        async with proxy_process(sim_url, record, "--workers", os.environ.get("W", "2"), "--k", "3") as (url, proc_):
             proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
-            st = await _until_ready(s, url, 2)
+            st = await _until_ready(s, url, max(1, int(os.environ.get("W", "2"))))
             pids = [st["bookkeeping"]["pid"], *st["bookkeeping"]["relay_pids"]]
             assert proc.pid not in pids and len(set(pids)) == 3
             sem = asyncio.Semaphore(32)
@@ -80,12 +80,12 @@ async def test_two_relays_one_port_every_record_and_acceptance_close_to_truth(tm
             async def one(workload: str, prompt: str) -> str:
                 # a new connection per request: the kernel spreads connections, not requests, over relays
                 async with sem, aiohttp.ClientSession() as own:
-                    rid, _ = await _stream(own, url, chat_body(prompt, usage=False, max_tokens=120), workload)
+                    rid, _ = await _stream(own, url, chat_body(prompt, usage=False, max_tokens=160), workload)
                     return rid
 
             ids = await asyncio.gather(*(one(w, p) for w, p in plan))
             served = [r["requests"] for r in (await _status(s, url))["bookkeeping"]["per_relay"]]
-            assert len(served) == 2 and all(n > 0 for n in served) and sum(served) >= 64  # + the status queries
+            assert len(served) == 2 and all(n > 0 for n in served) and sum(served) >= 240  # + the status queries
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), 30) == 0
         assert not any(_alive(p) for p in pids)

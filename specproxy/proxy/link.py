@@ -173,7 +173,7 @@ class EventLink:
         }
         if size > self.capture_max_bytes:
             body = body[:SCAN_BYTES]  # the bookkeeper reads model and stream from its head, no more
-        elif (backlog > self.soft_bytes or self.congested) and size > SCAN_BYTES:
+        elif (backlog + size > self.soft_bytes or self.congested) and size > SCAN_BYTES:
             body = body[:SCAN_BYTES]
             doc["shed"] = True
             r.shed = True
