@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -40,6 +40,7 @@ log = logging.getLogger("specproxy.proxy")
 
 MAX_DEFAULT_WORKERS = 8
 READY_WITHIN_S = 60.0
+UNLISTEN_WITHIN_S = 5.0
 
 
 def default_workers() -> int:
@@ -115,6 +116,11 @@ async def _relay_main(cfg: ProxyConfig, channel: socket.socket, control: socket.
     async def orders() -> None:
         while line := await reader.readline():
             msg = orjson.loads(line)
+            if msg.get("do") == "unlisten":  # every relay stops listening before any closes a connection
+                for site in list(handle.runner.sites):
+                    await site.stop()
+                await _say(writer, unlistened=True)
+                continue
             stop.set()
             if msg.get("do") == "cut":
                 cut.now(msg["reason"], msg.get("signum"))
@@ -202,6 +208,7 @@ class _Child:
     writer: asyncio.StreamWriter | None = None
     said: dict[str, Any] | None = None  # its last message
     ended: bool = False
+    unlistened: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def start(cfg: ProxyConfig, workers: int) -> tuple[list[_Child], socket.socket]:
@@ -257,6 +264,7 @@ async def supervise(
         return ended
     stop = asyncio.Event()
     cut = Cut()
+    tasks: set[asyncio.Future[None]] = set()
 
     def on_signal(signum: int) -> None:
         name = signal.Signals(signum).name
@@ -265,7 +273,8 @@ async def supervise(
                         name, drain_s)  # fmt: skip
             stop.set()
             for c in relays:
-                _tell(c, do="stop")
+                _tell(c, do="unlisten")
+            tasks.add(asyncio.ensure_future(_stop_after_unlisten(relays)))
         elif not cut.event.is_set():
             log.warning("%s again: cutting the requests in flight; their records are written", name)
             cut.now(f"a second signal ({name})", signum)
@@ -313,7 +322,10 @@ async def _next(c: _Child) -> dict[str, Any] | None:
         line = await c.reader.readline()
         if line:
             msg: dict[str, Any] = orjson.loads(line)
-            c.said = msg
+            if msg.get("unlistened"):
+                c.unlistened.set()
+            else:
+                c.said = msg
             return msg
     c.ended = True
     return None
@@ -326,6 +338,21 @@ async def _watch(c: _Child, stop: asyncio.Event) -> None:
     if not stop.is_set():
         what = "relaying goes on without records (counted lost)" if c.role == "bookkeeper" else "others go on"
         log.error("the %s process %d ended on its own: %s", c.role, c.pid, what)
+
+
+async def _stop_after_unlisten(relays: list[_Child]) -> None:
+    """Stop in two steps once no relay listens any more: a client whose idle connection one relay closes must not
+    find another relay still accepting."""
+
+    async def unlistened(c: _Child) -> None:
+        while not (c.unlistened.is_set() or c.ended):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(c.unlistened.wait(), 0.05)
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(unlistened(c) for c in relays)), UNLISTEN_WITHIN_S)
+    for c in relays:
+        _tell(c, do="stop")
 
 
 def _tell(c: _Child, **msg: Any) -> None:
