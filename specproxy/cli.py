@@ -33,13 +33,27 @@ def _root(
 
 
 def _register_commands() -> None:
-    from specproxy.commands import analysis, bench, demo, engine, export, health, matrix, proxy, run, sim, sweep
+    from specproxy.commands import (
+        analysis,
+        bench,
+        demo,
+        engine,
+        export,
+        health,
+        matrix,
+        proxy,
+        roofline,
+        run,
+        sim,
+        sweep,
+    )
 
     demo.register(app)
     sim.register(app)
     proxy.register(app)
     run.register(app)
     analysis.register(app)
+    roofline.register(app)
     export.register(app)
     bench.register(app)
     health.register(app)

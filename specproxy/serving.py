@@ -40,12 +40,13 @@ async def start_app(
     handler_cancellation: bool,
     reuse_address: bool | None = None,
     client_header_timeout: float | None = None,
+    reuse_port: bool | None = None,
 ) -> web.AppRunner:
     """Listen on ``host:port``; if that fails, nothing stays set up. ``shutdown_timeout``: how long ``cleanup()``
     lets in-flight handlers finish. ``handler_cancellation``: a client that disconnects cancels its handler at once.
     ``reuse_address``: None leaves the system's default. ``client_header_timeout``: seconds a client has to send a
     whole request head, from the moment it connects or from the first byte of its next request (None: no limit; a
-    number adds a middleware to ``app`` and serves it through :class:`_HeadTimedSite`)."""
+    number adds a middleware to ``app`` and serves it through :class:`_HeadTimedSite`). ``reuse_port``: SO_REUSEPORT."""
     runner = web.AppRunner(
         app, handler_cancellation=handler_cancellation, shutdown_timeout=shutdown_timeout, access_log=None
     )
@@ -53,10 +54,11 @@ async def start_app(
         app.middlewares.append(_head_clock_middleware)  # before setup(), which freezes the app
     await runner.setup()
     try:
+        listen: dict[str, Any] = {"reuse_address": reuse_address, "reuse_port": reuse_port}
         if client_header_timeout is None:
-            await web.TCPSite(runner, host, port, reuse_address=reuse_address).start()
+            await web.TCPSite(runner, host, port, **listen).start()
         else:
-            await _HeadTimedSite(runner, host, port, reuse_address, client_header_timeout).start()
+            await _HeadTimedSite(runner, host, port, client_header_timeout, **listen).start()
     except BaseException:
         await runner.cleanup()
         raise
@@ -192,14 +194,12 @@ async def _head_clock_middleware(
 class _HeadTimedSite(web.BaseSite):
     """aiohttp's TCPSite, with each connection's protocol wrapped in a :class:`_HeadClock`."""
 
-    __slots__ = ("_header_timeout", "_host", "_port", "_reuse_address")
+    __slots__ = ("_header_timeout", "_host", "_listen", "_port")
 
-    def __init__(
-        self, runner: web.AppRunner, host: str, port: int, reuse_address: bool | None, header_timeout: float
-    ) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, header_timeout: float, **listen: Any) -> None:
         super().__init__(runner)
         self._host, self._port = host, port
-        self._reuse_address, self._header_timeout = reuse_address, header_timeout
+        self._header_timeout, self._listen = header_timeout, listen  # reuse_address, reuse_port
 
     @property
     def name(self) -> str:
@@ -215,7 +215,7 @@ class _HeadTimedSite(web.BaseSite):
             return _HeadClock(server(), loop, timeout)
 
         # BaseSite's stop() and the runner's addresses read the listening server from _server, as for every site
-        self._server = await loop.create_server(protocol, self._host, self._port, reuse_address=self._reuse_address)
+        self._server = await loop.create_server(protocol, self._host, self._port, **self._listen)
 
 
 # --- the request: its target and its body ------------------------------------------------------------------------

@@ -66,8 +66,10 @@ async def test_disk_full_then_grown_gives_exactly_one_line_per_request(tmp_path:
         aiohttp.ClientSession() as s,
     ):
         proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
-        _, hard = resource.prlimit(proc.pid, resource.RLIMIT_FSIZE)
-        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, hard))  # the disk is nearly full
+        async with s.get(url + "/specproxy/status") as r:
+            writer = int((await r.json())["bookkeeping"]["pid"])  # the process that writes the records
+        _, hard = resource.prlimit(writer, resource.RLIMIT_FSIZE)
+        resource.prlimit(writer, resource.RLIMIT_FSIZE, (limit, hard))  # the disk is nearly full
         ids = await _send(s, url, 120, 8, max_tokens=8)
         await _until_status(s, url, lambda st: st["sink_errors"] >= 2, "writes failing, and retried")
         # while full: the file holds whole lines only, exactly the ones counted as written. Taken between two
@@ -80,7 +82,7 @@ async def test_disk_full_then_grown_gives_exactly_one_line_per_request(tmp_path:
             await asyncio.sleep(0.05)
         assert len(on_disk) <= limit and on_disk.endswith(b"\n")
         assert on_disk.count(b"\n") == st["written"] > 0 and st["dropped"] == 0
-        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (hard, hard))  # the filesystem grows
+        resource.prlimit(writer, resource.RLIMIT_FSIZE, (hard, hard))  # the filesystem grows
         st = await _until_status(s, url, lambda st: st["written"] >= 120, "every record written")
         assert st["written"] == 120 and st["dropped"] == 0 and st["queued"] == 0
         proc.send_signal(signal.SIGTERM)

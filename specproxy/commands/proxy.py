@@ -18,6 +18,7 @@ from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_t
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.workers import Ended, default_workers
 from specproxy.recorder.recorder import RecorderConfig
 from specproxy.recorder.sink import FILE_MODE, RecordSink
 
@@ -120,6 +121,18 @@ def register(app: typer.Typer) -> None:
             "64MB", "--record-buffer", help="Memory for records waiting for the disk; past it they are lost, counted."
         ),
         fail_closed: bool = typer.Option(False, "--fail-closed", help="Refuse traffic (503) when records fail."),
+        workers: int = typer.Option(
+            -1,
+            "--workers",
+            help="Relay processes sharing the port, beside one bookkeeping process (default: one per core, at most "
+            "8; 0: one process, bookkeeping on the relay's loop).",
+            show_default=False,
+        ),
+        bookkeeping_buffer: str = typer.Option(
+            "8MB",
+            "--bookkeeping-buffer",
+            help="Events a relay holds for the bookkeeping; past it chunk events are shed (records flagged).",
+        ),
         log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
         engine: EngineOpt = "auto",
         slo: list[str] | None = typer.Option(
@@ -152,6 +165,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 "--drain-timeout, --max-connections, --rotate-mb and --attribution-hold cannot be negative"
             )
+        if workers < -1 or workers > 256:
+            raise typer.BadParameter(f"--workers must be between 0 and 256, got {workers}")
         if rotate_keep < 0:
             raise typer.BadParameter(f"--rotate-keep cannot be negative, got {rotate_keep}")
         if k is not None and k < 1:
@@ -173,6 +188,7 @@ def register(app: typer.Typer) -> None:
         max_body_bytes = parse_size(max_body)  # every option is checked before anything touches the disk
         record_buffer_bytes = parse_size(record_buffer)
         capture_max_bytes = parse_size(capture_max)
+        bookkeeping_buffer_bytes = parse_size(bookkeeping_buffer)
         tokenizer = check_tokenizer(tokenizer)
         record_path = None if record == "-" else record
         if record_path is not None:
@@ -213,9 +229,14 @@ def register(app: typer.Typer) -> None:
             client_header_timeout_s=client_header_timeout,
             client_body_timeout_s=client_body_timeout,
             slo=slo_spec,
+            bookkeeping_buffer_bytes=bookkeeping_buffer_bytes,
+            workers=default_workers() if workers < 0 else workers,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        run_async(_main(cfg))
+        if cfg.workers == 0:
+            run_async(_main(cfg))
+        else:
+            _run_workers(cfg)
 
 
 async def _main(cfg: ProxyConfig) -> None:
@@ -276,4 +297,46 @@ def _exit_code(stopped: Stopped, sink: RecordSink) -> int:
         )
     if stopped.signum is not None:
         return EXIT_SIGINT if stopped.signum == signal.SIGINT else EXIT_SIGTERM
+    return EXIT_OK
+
+
+def _run_workers(cfg: ProxyConfig) -> None:
+    """``--workers N``: the relays and the bookkeeper in processes of their own (:mod:`specproxy.proxy.workers`),
+    stopped as :func:`_main` stops the one-process proxy, with the same exit codes."""
+    from specproxy.proxy import workers
+
+    try:
+        children, reservation = workers.start(cfg, cfg.workers)
+    except OSError as e:
+        raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", EXIT_FAILURE) from None
+
+    def ready(port: int) -> None:
+        n = cfg.workers
+        typer.echo(
+            f"specproxy proxy: http://{cfg.host}:{port} -> {cfg.upstream} ({n} relay{'s' if n > 1 else ''})", err=True
+        )
+
+    ended = run_async(workers.supervise(children, reservation, cfg.drain_timeout_s, ready))
+    raise typer.Exit(_workers_exit_code(ended))
+
+
+def _workers_exit_code(ended: Ended) -> int:
+    if ended.cut:
+        typer.echo(
+            f"specproxy proxy: {ended.cut} requests cut by {ended.cut_reason}: recorded with outcome shutdown", err=True
+        )
+    if ended.dropped:
+        raise CommandError(
+            f"{ended.dropped} records were lost (not written to {ended.record_path}; {ended.written} written)",
+            EXIT_FAILURE,
+        )
+    if ended.lost:
+        raise CommandError(
+            f"{ended.lost} records were lost: the bookkeeping process could not take them ({ended.written} written)",
+            EXIT_FAILURE,
+        )
+    if ended.failure is not None:
+        raise CommandError(ended.failure, EXIT_FAILURE)
+    if ended.signum is not None:
+        return EXIT_SIGINT if ended.signum == signal.SIGINT else EXIT_SIGTERM
     return EXIT_OK

@@ -27,3 +27,7 @@ class ProxyConfig:
     client_header_timeout_s: float = 60.0  # a whole request head, from connect or from its first byte (nginx's 60 s)
     client_body_timeout_s: float = 60.0  # between two reads of a request body (nginx's client_body_timeout)
     slo: SloSpec | None = None  # --slo: live attainment and goodput per workload in /specproxy/status
+    # Events a relay holds for its bookkeeper before it sheds chunk events and large bodies (twice this: new
+    # requests go unrecorded, counted as lost). --bookkeeping-buffer.
+    bookkeeping_buffer_bytes: int = 8 * 1024 * 1024
+    workers: int = 0  # relay processes (0: one process, the bookkeeper on the relay's loop)

@@ -13,6 +13,11 @@ over ``--max-body`` is refused before it is read, a body that stops coming gets 
 is closed. :meth:`ProxyHandle.close` stops in two steps; streams it cuts are recorded with outcome ``shutdown``.
 Error texts, in records and in the proxy's own error responses, go through :func:`specproxy.core.errors.one_line`.
 
+The relay reads nothing of what it relays: per request it hands events to the bookkeeping
+(:class:`specproxy.proxy.link.EventLink`: the request, the response head, each read with the time it arrived, the
+outcome), which a bookkeeper interprets in another process (``--workers``) or on this loop (:func:`start_proxy`
+without a channel). The own endpoints are the bookkeeper's answers.
+
 One module: a relayed request's way through the proxy (target, body, upstream, stream, outcome) is one sequence of
 decisions about a single outcome and reads best top to bottom; what other servers share (listening, the limits of
 the front door, stopping) is in :mod:`specproxy.serving`.
@@ -24,8 +29,9 @@ import asyncio
 import io
 import logging
 import os
+import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,17 +39,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from specproxy.core.errors import one_line
 from specproxy.core.headers import REQUEST_ID_HEADER, WORKLOAD_HEADER
-from specproxy.core.request_body import inspect_body
-from specproxy.core.workload_rules import WorkloadResolver, last_user_message
+from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.link import EventLink, Relayed
 from specproxy.recorder.recorder import Recorder
-from specproxy.recorder.slo_status import SloTracker
-from specproxy.recorder.trace import RequestMeta, Trace
 from specproxy.serving import (
     Cut,
     InFlight,
@@ -81,11 +84,11 @@ _REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect", WORKLOAD_HEADER.lo
 _RESP_DROP = HOP_BY_HOP | {"content-length"}
 
 CONFIG = web.AppKey("config", ProxyConfig)
-RECORDER = web.AppKey("recorder", Recorder)
+RECORDER = web.AppKey("recorder", Recorder)  # only with the bookkeeper on this loop (library use, tests)
+BOOKKEEPER = web.AppKey("bookkeeper", Bookkeeper)
+LINK = web.AppKey("link", EventLink)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-RESOLVER = web.AppKey("resolver", WorkloadResolver)
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
-SLO = web.AppKey("slo", SloTracker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +159,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
 async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResponse:
     cfg = request.app[CONFIG]
-    recorder = request.app[RECORDER]
-    if cfg.fail_closed and not recorder.sink.healthy:
+    link = request.app[LINK]
+    if cfg.fail_closed and not link.healthy:
         return web.Response(
             status=503,
             body=_error_body("specproxy cannot write records (--fail-closed)", 503, "ServiceUnavailable"),
@@ -166,29 +169,15 @@ async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResp
     try:
         body = await read_body(request, limit=cfg.max_body_bytes, idle_s=cfg.client_body_timeout_s)
     except Refused as refused:  # turned away before forwarding (413, 408): no upstream request, no record
-        recorder.refused(refused.status)
+        link.refused(refused.status)
         answer = _refusal(request, refused)
         return await close_after(request, answer) if refused.close_now else answer
-    facts = inspect_body(body, cfg.recorder.capture_max_bytes)  # bounded work, whatever the body
-    parsed = facts.parsed
-    resolver = request.app[RESOLVER]
-    headers_lower = {k.lower(): v for k, v in request.headers.items()}
-    message = last_user_message(parsed if isinstance(parsed, dict) else None) if resolver.needs_message else None
-    workload = resolver.resolve(request.headers.get(WORKLOAD_HEADER), path, facts.model, headers_lower, message)
-    meta = RequestMeta(
-        method=request.method,
-        path=path,
-        workload=workload,
-        model=facts.model,
-        body=parsed if parsed is not None else facts.text(body),
-        body_bytes=facts.size if facts.over_limit else None,
-        stream_requested=facts.stream,
-    )
-    trace = recorder.begin(meta)
+    # the body and the request's facts go to the bookkeeping as they are: parsing, rules and the rest happen there
+    relayed = link.begin(request.method, path, request.headers, request.headers.get(WORKLOAD_HEADER), body)
     outcome: str = "proxy_error"
     error: str | None = "unfinished"
     try:
-        resp, outcome, error = await _relay(request, cfg, target, body, trace)
+        resp, outcome, error = await _relay(request, cfg, target, body, relayed)
         return resp
     except asyncio.CancelledError:
         cut_by = request.app[IN_FLIGHT].cut_reason
@@ -202,7 +191,7 @@ async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResp
         outcome, error = "proxy_error", _safe(request, f"{type(e).__name__}: {e}")
         raise
     finally:
-        recorder.finish(trace, outcome, error)
+        link.finish(relayed, outcome, error)
 
 
 def _refusal(request: web.Request, refused: Refused) -> web.Response:
@@ -217,7 +206,7 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
     100, so the client does not send it; any other request is answered as aiohttp's default handler does."""
     refused = declared_too_large(request, request.app[CONFIG].max_body_bytes)
     if refused is not None:
-        request.app[RECORDER].refused(refused.status)
+        request.app[LINK].refused(refused.status)
         return _refusal(request, refused)
     if request.version == aiohttp.HttpVersion11:
         expect = request.headers.get("Expect", "")
@@ -245,10 +234,10 @@ def _is_connect_timeout(e: TimeoutError) -> bool:
 
 
 async def _relay(
-    request: web.Request, cfg: ProxyConfig, target: str, body: bytes, trace: Trace
+    request: web.Request, cfg: ProxyConfig, target: str, body: bytes, relayed: Relayed
 ) -> tuple[web.StreamResponse, str, str | None]:
     session = request.app[SESSION]
-    rid = trace.meta.request_id
+    rid = relayed.request_id
     try:
         upstream = await session.request(
             request.method,
@@ -278,7 +267,7 @@ async def _relay(
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
     finished = False
     try:
-        result = await _relay_body(request, cfg, upstream, trace)
+        result = await _relay_body(request, cfg, upstream, relayed)
         finished = result[1] == "ok" or result[1] == "upstream_error"
         return result
     finally:
@@ -289,18 +278,18 @@ async def _relay(
 
 
 async def _relay_body(
-    request: web.Request, cfg: ProxyConfig, upstream: aiohttp.ClientResponse, trace: Trace
+    request: web.Request, cfg: ProxyConfig, upstream: aiohttp.ClientResponse, relayed: Relayed
 ) -> tuple[web.StreamResponse, str, str | None]:
+    link = request.app[LINK]
     content_type = upstream.headers.get("Content-Type")
-    trace.response_started(upstream.status, content_type, upstream.headers.get("Content-Encoding"))
+    link.head(relayed, upstream.status, content_type, upstream.headers.get("Content-Encoding"))
     resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     drop = _RESP_DROP | _connection_tokens(upstream.headers)
     for k, v in upstream.headers.items():
         if k.lower() not in drop:
             resp.headers.add(k, v)
-    resp.headers[REQUEST_ID_HEADER] = trace.meta.request_id
-    is_sse = trace.timeline is not None and trace.timeline.stream
-    if is_sse:
+    resp.headers[REQUEST_ID_HEADER] = relayed.request_id
+    if content_type and content_type.split(";", 1)[0].strip().lower() == "text/event-stream":
         resp.headers["X-Accel-Buffering"] = "no"
         if "Cache-Control" not in resp.headers:
             resp.headers["Cache-Control"] = "no-cache"
@@ -312,18 +301,20 @@ async def _relay_body(
     if upstream.status >= 400:
         outcome, error = "upstream_error", f"HTTP {upstream.status}"
     perf = time.perf_counter_ns
+    chunk = link.chunk
     try:
         async for data in upstream.content.iter_any():
             t = perf()
             await resp.write(data)  # the bytes go out first; the bookkeeping follows
             b = perf()
-            try:
-                trace.feed(t, data)
-            except Exception:  # bookkeeping must never break the client's stream
-                log.exception("recording a chunk failed")
+            chunk(relayed, t, data)  # appends an event, or sheds it: never raises, never waits
             # what recording adds to relaying this read (the write itself is what any proxy pays, and may wait for
             # a slow client)
-            trace.add_overhead(perf() - b)
+            ns = perf() - b
+            relayed.ov_ns += ns
+            relayed.ov_n += 1
+            if ns > relayed.ov_max:
+                relayed.ov_max = ns
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
         # The upstream broke mid-response: end the client's stream without a clean finish, so it sees the break.
         _abort_client(request)
@@ -355,53 +346,65 @@ def _json_error(status: int, message: str, kind: str, rid: str | None = None) ->
     )
 
 
-async def own_metrics(request: web.Request) -> web.Response:
-    registry = request.app[RECORDER].metrics.registry
-    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def own_status(request: web.Request) -> web.Response:
-    status = request.app[RECORDER].status()
-    if SLO in request.app:
-        status["slo"] = request.app[SLO].status()
-    return web.Response(body=orjson.dumps(status), content_type="application/json")
+async def own_endpoint(request: web.Request) -> web.Response:
+    """The bookkeeper's answer, which describes the whole proxy (every relay), whichever relay is asked."""
+    status, content_type, body = await request.app[LINK].query(target_path(request.raw_path))
+    return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
 
 # The proxy's own endpoints, answered for GET and HEAD on their exact raw path; any other spelling of them
 # (/v1/../specproxy/status, /specproxy/%73tatus) is a path like any other and goes to the upstream as sent.
-_OWN = {"/specproxy/metrics": own_metrics, "/specproxy/status": own_status}
+_OWN = {"/specproxy/metrics": own_endpoint, "/specproxy/status": own_endpoint}
 
 
-def build_app(cfg: ProxyConfig) -> web.Application:
+def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.Application:
+    """The relay. ``channel``: a connected Unix socket to a bookkeeper process; None: a bookkeeper on this loop,
+    fed through the same events (library use, tests)."""
     app = web.Application(client_max_size=cfg.max_body_bytes, handler_args={"max_field_size": 65536})
     app[CONFIG] = cfg
-    app[RESOLVER] = WorkloadResolver(cfg.rules)
     app[UPSTREAM] = Upstream.parse(cfg.upstream)
     app[IN_FLIGHT] = InFlight()
+    app[LINK] = link = EventLink(
+        soft_bytes=cfg.bookkeeping_buffer_bytes,
+        hard_bytes=2 * cfg.bookkeeping_buffer_bytes,
+        capture_max_bytes=cfg.recorder.capture_max_bytes,
+        header_names=tuple(sorted({r.header_name.lower() for r in cfg.rules if r.header_name})),
+    )
 
     async def resources(app: web.Application) -> Any:
-        connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0)
-        timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
-        session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
-        )
-        rcfg = cfg.recorder
-        if cfg.slo is not None:
-            app[SLO] = SloTracker(cfg.slo)
-            rcfg = replace(rcfg, observers=(*rcfg.observers, app[SLO].observe))
-        recorder = Recorder(rcfg, session)
+        session = upstream_session(cfg)
         app[SESSION] = session
-        app[RECORDER] = recorder
-        await recorder.start()
-        yield
-        await recorder.close()
-        await session.close()
+        keeper: Bookkeeper | None = None
+        try:
+            if channel is None:
+                keeper = Bookkeeper.create(cfg, session)
+                app[BOOKKEEPER], app[RECORDER] = keeper, keeper.recorder
+                await keeper.start()
+                conn = keeper.connect(link.received)
+                link.attach_local(conn.received)
+            else:
+                await link.attach_socket(channel)
+            yield
+        finally:
+            await link.close()
+            if keeper is not None:
+                await keeper.close()
+            await session.close()
 
     app.cleanup_ctx.append(resources)
     # One route for every method and path: the routing is handle's, on the raw target. [\s\S], not ".", because
     # the router matches the decoded path, where %0A is a line break.
     app.router.add_route("*", r"/{tail:[\s\S]*}", handle, expect_handler=_expect)
     return app
+
+
+def upstream_session(cfg: ProxyConfig) -> aiohttp.ClientSession:
+    """The client session to the upstream (and its /metrics): no connection cap, no total timeout, bytes as sent."""
+    connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+    )
 
 
 @dataclass(slots=True)
@@ -414,7 +417,12 @@ class ProxyHandle:
 
     @property
     def recorder(self) -> Recorder:
+        """The recorder, when the bookkeeper runs on this loop (``start_proxy`` without a channel)."""
         return self.runner.app[RECORDER]
+
+    @property
+    def link(self) -> EventLink:
+        return self.runner.app[LINK]
 
     @property
     def in_flight(self) -> int:
@@ -427,14 +435,19 @@ class ProxyHandle:
         return await stop_in_two_steps(self.runner, app[IN_FLIGHT], app[CONFIG].drain_timeout_s, cut)
 
 
-async def start_proxy(cfg: ProxyConfig) -> ProxyHandle:
+async def start_proxy(
+    cfg: ProxyConfig, channel: socket.socket | None = None, *, reuse_port: bool = False
+) -> ProxyHandle:
+    """A relay listening on ``cfg.host:cfg.port``, its bookkeeper on this loop, or behind ``channel`` (a Unix socket
+    to a bookkeeper process); ``reuse_port``: one of several relay processes on the port."""
     runner = await start_app(
-        build_app(cfg),
+        build_app(cfg, channel),
         cfg.host,
         cfg.port,
         shutdown_timeout=1.0,  # aiohttp's own wait, for stragglers only: ProxyHandle.close has drained and cut
         handler_cancellation=True,
         reuse_address=True,  # a restarted proxy takes its port back at once, despite connections in TIME_WAIT
         client_header_timeout=cfg.client_header_timeout_s,
+        reuse_port=reuse_port or None,
     )
     return ProxyHandle(base_url(runner), runner)

@@ -1,9 +1,7 @@
-"""The recorder: one per proxy process or load-generator run. It follows each request's response, shares the engine's
-counter deltas among overlapping requests, picks the best acceptance figure per request and writes one record each.
-
-Hot path (per upstream read): :meth:`specproxy.recorder.trace.Trace.feed`, an SSE scan and one small JSON parse per
-event. Everything else (waiting for the closing scrape, building the record, own metrics) runs in a finalisation task
-off the relay path.
+"""The recorder: one per proxy bookkeeper or load-generator run. It follows each request's response, shares the
+engine's counter deltas among overlapping requests, picks the best acceptance figure per request and writes one record
+each. In the proxy it runs in the bookkeeper (:mod:`specproxy.proxy.bookkeeper`), off the relays' loops: per upstream
+read, :meth:`specproxy.recorder.trace.Trace.feed`; the rest (closing scrape, record, own metrics) in a task.
 """
 
 from __future__ import annotations
@@ -115,9 +113,9 @@ class Recorder:
         """No request in flight, no record waiting for its closing scrape, nothing queued for writing."""
         return self.in_flight == 0 and not self._finalizers and self.sink.queued == 0
 
-    def finish(self, trace: Trace, outcome: str, error: str | None = None) -> None:
+    def finish(self, trace: Trace, outcome: str, error: str | None = None, *, end_ns: int | None = None) -> None:
         """Never raises and never blocks: the record is completed in a task after the closing scrape."""
-        end_ns = time.perf_counter_ns()
+        end_ns = time.perf_counter_ns() if end_ns is None else end_ns
         self.in_flight -= 1
         self.metrics.in_flight.dec()
         tl = trace.timeline
@@ -241,6 +239,7 @@ class Recorder:
         else:
             captured = capture_body(meta.body) if capture else None
             flags = ["body_too_deep"] if captured == TOO_DEEP else ["body_too_large"] if captured == TOO_MANY else []
+        flags += trace.flags
         return {
             "schema_version": SCHEMA_VERSION,
             "request_id": meta.request_id,

@@ -1,7 +1,8 @@
 """One request as the recorder follows it: what the request was (:class:`RequestMeta`) and its response as it
 arrives (:class:`Trace`), whose token-bearing chunks are reported to the counter ledger as they come.
 
-:meth:`Trace.feed` is on the relay's hot path: it runs once per upstream read, after the bytes went to the client.
+:meth:`Trace.feed` runs once per upstream read: in the proxy's bookkeeper, fed by the relays' events (with the
+times the relay took), in the load generator right after each read.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Trace:
         "_ledger",
         "_token_chunks",
         "_tokenizer",
+        "flags",
         "headers_ns",
         "meta",
         "overhead_count",
@@ -65,15 +67,19 @@ class Trace:
         self.overhead_ns = 0
         self.overhead_max_ns = 0
         self.overhead_count = 0
+        self.flags: list[str] = []  # set by whoever feeds the trace (bookkeeping_shed), carried into the record
 
     @property
     def token_chunks(self) -> int:
         """Token-bearing chunks seen so far: the first is the prefill step, the rest decode steps."""
         return self._token_chunks
 
-    def response_started(self, status: int, content_type: str | None, content_encoding: str | None = None) -> None:
+    def response_started(
+        self, status: int, content_type: str | None, content_encoding: str | None = None, *, t_ns: int | None = None
+    ) -> None:
+        """The response head arrived (at ``t_ns``, default now)."""
         self.status = status
-        self.headers_ns = time.perf_counter_ns()
+        self.headers_ns = time.perf_counter_ns() if t_ns is None else t_ns
         self.timeline = timeline_for(  # the path picks the wire dialect, the content type whether it streams
             self.meta.start_ns,
             path=self.meta.path,

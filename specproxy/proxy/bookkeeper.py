@@ -1,0 +1,281 @@
+"""The bookkeeper: all that the proxy does besides relaying, fed by the relays' events.
+
+One per upstream engine, whatever the number of relays, so that the counter ledger sees every stream of its engine.
+From each relay's events (:mod:`specproxy.proxy.events`) it rebuilds what the relay saw (request facts and body,
+response head, each read with its arrival time, the outcome) and drives the :class:`~specproxy.recorder.recorder.
+Recorder` with it: request-body parsing (bounded), workload rules, SSE and JSON interpretation, the ledger and its
+fit, scrapes, records. It answers the proxy's own endpoints (``/specproxy/status``, ``/specproxy/metrics``) for
+every relay, with the relays' own counters (shed, lost, in flight) added, and tells the relays whether records can
+be written (``--fail-closed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from specproxy.core.request_body import inspect_body
+from specproxy.core.workload_rules import WorkloadResolver, last_user_message
+from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.events import (
+    BEGIN,
+    CHUNK,
+    FINISH,
+    HEAD,
+    HEALTH,
+    QUERY,
+    REFUSED,
+    REPLY,
+    STATS,
+    FrameError,
+    FrameReader,
+    frame,
+    reply_payload,
+    split_begin,
+)
+from specproxy.recorder.recorder import Recorder
+from specproxy.recorder.slo_status import SloTracker
+from specproxy.recorder.trace import RequestMeta, Trace
+
+log = logging.getLogger("specproxy.bookkeeper")
+
+SHED_FLAG = "bookkeeping_shed"
+HEALTH_CHECK_S = 0.25
+
+
+class Connection:
+    """One relay's events, as they arrive; ``send`` carries answers back to that relay."""
+
+    def __init__(self, keeper: Bookkeeper, send: Callable[[bytes], None]) -> None:
+        self.keeper = keeper
+        self.send = send
+        self.traces: dict[int, Trace] = {}
+        self.stats: dict[str, Any] = {}
+        self._reader = FrameReader()
+        self.open = True
+
+    def received(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except FrameError as e:
+            log.error("a relay's events are garbled (%s): dropping its channel", e)
+            self.lost("its events were garbled")
+            return
+        handle = self.keeper.handle
+        for kind, seq, t, payload in frames:
+            try:
+                handle(self, kind, seq, t, payload)
+            except Exception:  # one bad event must not stop the others, nor lose a record silently
+                log.exception("bookkeeping event %d of request %d failed", kind, seq)
+                if kind == FINISH and seq in self.traces:
+                    self.keeper.recorder.finish(self.traces.pop(seq), "proxy_error", "bookkeeping failed")
+
+    def lost(self, why: str) -> None:
+        """The relay is gone: requests it never finished are recorded as cut by its end."""
+        if not self.open:
+            return
+        self.open = False
+        for trace in self.traces.values():
+            self.keeper.recorder.finish(trace, "proxy_error", f"relay ended mid-request: {why}")
+        self.traces.clear()
+        self.stats["in_flight"] = 0
+
+
+class Bookkeeper:
+    @classmethod
+    def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
+        """The bookkeeper of ``cfg``, its recorder on ``session``; with ``--slo``, live SLO figures in its status."""
+        slo = SloTracker(cfg.slo) if cfg.slo is not None else None
+        rcfg = cfg.recorder if slo is None else replace(cfg.recorder, observers=(*cfg.recorder.observers, slo.observe))
+        return cls(cfg, Recorder(rcfg, session), slo)
+
+    def __init__(self, cfg: ProxyConfig, recorder: Recorder, slo: SloTracker | None = None) -> None:
+        self.cfg = cfg
+        self.recorder = recorder
+        self.slo = slo
+        self.resolver = WorkloadResolver(cfg.rules)
+        self.connections: list[Connection] = []
+        self._health: asyncio.Task[None] | None = None
+        self._healthy = True
+        recorder.metrics.registry.register(_RelayCollector(self))
+        # the moment records start failing, the relays hear of it (--fail-closed); recovery is seen by the watch
+        sink = recorder.sink
+        on_error = sink._on_error
+
+        def failed() -> None:
+            if on_error is not None:
+                on_error()
+            self._push_health()
+
+        sink._on_error = failed
+
+    async def start(self) -> None:
+        await self.recorder.start()
+        self._health = asyncio.get_running_loop().create_task(self._watch_health())
+
+    def connect(self, send: Callable[[bytes], None]) -> Connection:
+        conn = Connection(self, send)
+        self.connections.append(conn)
+        return conn
+
+    # -- events ------------------------------------------------------------------------------------------------------
+    def handle(self, conn: Connection, kind: int, seq: int, t: int, payload: bytes) -> None:
+        if kind == CHUNK:
+            trace = conn.traces.get(seq)
+            if trace is not None:
+                trace.feed(t, payload)
+        elif kind == BEGIN:
+            conn.traces[seq] = self._begin(t, payload)
+        elif kind == HEAD:
+            trace = conn.traces.get(seq)
+            if trace is not None:
+                status, content_type, encoding = orjson.loads(payload)
+                trace.response_started(status, content_type, encoding, t_ns=t)
+        elif kind == FINISH:
+            trace = conn.traces.pop(seq, None)
+            if trace is not None:
+                outcome, error, ov_ns, ov_max, ov_n, shed = orjson.loads(payload)
+                trace.overhead_ns, trace.overhead_max_ns, trace.overhead_count = ov_ns, ov_max, ov_n
+                if shed and SHED_FLAG not in trace.flags:
+                    trace.flags.append(SHED_FLAG)
+                self.recorder.finish(trace, outcome, error, end_ns=t)
+        elif kind == REFUSED:
+            self.recorder.refused(t)
+        elif kind == STATS:
+            conn.stats = orjson.loads(payload)
+        elif kind == QUERY:
+            status, content_type, body = self.answer(payload.decode("utf-8", "replace"))
+            conn.send(frame(REPLY, seq, status, reply_payload(content_type, body)))
+        else:
+            log.warning("unknown bookkeeping event kind %d", kind)
+
+    def _begin(self, start_ns: int, payload: bytes) -> Trace:
+        doc, body = split_begin(payload)
+        size = int(doc["size"])
+        if size > len(body):  # only its head came (over --capture-max-bytes, or shed): model and stream by pattern
+            facts = replace(inspect_body(body, -1), size=size)
+        else:
+            facts = inspect_body(body, self.cfg.recorder.capture_max_bytes)
+        parsed = facts.parsed
+        resolver = self.resolver
+        message = last_user_message(parsed if isinstance(parsed, dict) else None) if resolver.needs_message else None
+        path = str(doc["p"])
+        workload = resolver.resolve(doc["wh"], path, facts.model, doc["h"], message)
+        meta = RequestMeta(
+            method=str(doc["m"]),
+            path=path,
+            workload=workload,
+            model=facts.model,
+            body=parsed if parsed is not None else facts.text(body),
+            body_bytes=facts.size if facts.over_limit else None,
+            stream_requested=facts.stream,
+            request_id=str(doc["rid"]),
+            started_at=float(doc["at"]),
+            start_ns=start_ns,
+        )
+        trace = self.recorder.begin(meta)
+        if doc.get("shed"):
+            trace.flags.append(SHED_FLAG)
+        return trace
+
+    # -- what the proxy says about itself ----------------------------------------------------------------------------
+    def answer(self, path: str) -> tuple[int, str, bytes]:
+        if path == "/specproxy/status":
+            return 200, "application/json", orjson.dumps(self.status())
+        if path == "/specproxy/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.recorder.metrics.registry)
+        return 404, "text/plain", b"not an own endpoint\n"
+
+    def relay_totals(self) -> dict[str, Any]:
+        relays = [c.stats for c in self.connections if c.stats]
+        shed: dict[str, int] = {}
+        for s in relays:
+            for kind, n in s.get("shed", {}).items():
+                shed[kind] = shed.get(kind, 0) + int(n)
+        over = sum(int(s.get("overhead_ns", 0)) for s in relays)
+        count = sum(int(s.get("overhead_count", 0)) for s in relays)
+        return {
+            "pid": os.getpid(),
+            "relays": len(self.connections),
+            "relays_gone": sum(1 for c in self.connections if not c.open),
+            "relay_pids": sorted(int(s["pid"]) for s in relays if "pid" in s),
+            "relay_in_flight": sum(int(s.get("in_flight", 0)) for s in relays),
+            "shed": shed,
+            "shed_requests": sum(int(s.get("shed_requests", 0)) for s in relays),
+            "lost_records": sum(int(s.get("lost_records", 0)) for s in relays),
+            "backlog_bytes": sum(int(s.get("backlog_bytes", 0)) for s in relays),
+            "relay_overhead_mean_s": over / count / 1e9 if count else None,
+            "per_relay": [{k: s.get(k) for k in ("pid", "requests", "in_flight", "lost_records")} for s in relays],
+        }
+
+    def status(self) -> dict[str, Any]:
+        st = self.recorder.status()
+        st["bookkeeping"] = self.relay_totals()
+        if self.slo is not None:
+            st["slo"] = self.slo.status()
+        return st
+
+    def _push_health(self) -> None:
+        """Tell the relays when records can no longer (or can again) be written (``--fail-closed`` reads it)."""
+        healthy = self.recorder.sink.healthy
+        if healthy != self._healthy:
+            self._healthy = healthy
+            for conn in self.connections:
+                if conn.open:
+                    conn.send(frame(HEALTH, 0, int(healthy)))
+
+    async def _watch_health(self) -> None:
+        while True:
+            self._push_health()
+            await asyncio.sleep(HEALTH_CHECK_S)
+
+    async def close(self) -> None:
+        """Every relay has stopped: record what they left unfinished, then finish and write every record."""
+        if self._health is not None:
+            self._health.cancel()
+        for conn in self.connections:
+            conn.lost("the proxy stopped")
+        await self.recorder.close()
+
+
+class _RelayCollector(Collector):
+    """The relays' counters in the proxy's own /metrics."""
+
+    def __init__(self, keeper: Bookkeeper) -> None:
+        self.keeper = keeper
+
+    def collect(self) -> Iterator[Metric]:
+        t = self.keeper.relay_totals()
+        shed = CounterMetricFamily(
+            "specproxy_bookkeeping_shed",
+            "Bookkeeping events the relays shed because the bookkeeping fell behind, by kind (chunk, body).",
+            labels=["kind"],
+        )
+        for kind in ("chunk", "body"):
+            shed.add_metric([kind], t["shed"].get(kind, 0))
+        yield shed
+        yield CounterMetricFamily(
+            "specproxy_bookkeeping_shed_requests",
+            "Requests whose record is flagged bookkeeping_shed.",
+            value=t["shed_requests"],
+        )
+        yield CounterMetricFamily(
+            "specproxy_records_lost",
+            "Requests relayed without a record: the bookkeeping could not take them (gone, or far behind).",
+            value=t["lost_records"],
+        )
+        yield GaugeMetricFamily(
+            "specproxy_bookkeeping_backlog_bytes", "Events the relays hold for the bookkeeping.", t["backlog_bytes"]
+        )
+        live = t["relays"] - t["relays_gone"]
+        yield GaugeMetricFamily("specproxy_relays", "Relay processes (or loops) feeding this bookkeeping.", live)

@@ -1,0 +1,338 @@
+"""The relay's side of the bookkeeping channel: what a relay does per request besides relaying, and nothing more.
+
+Per request the relay appends a few frames (:mod:`specproxy.proxy.events`) to one buffer: BEGIN with the request's
+facts and its body (whole up to ``--capture-max-bytes``, else only its head), HEAD, one CHUNK per upstream read (its
+arrival time and its bytes), FINISH with the outcome. The buffer goes out once per event-loop iteration, as one
+write. Interpreting any of it is the bookkeeper's work (:mod:`specproxy.proxy.bookkeeper`), in another process or,
+for library use and tests, on the same loop through the same bytes (:meth:`EventLink.attach_local`).
+
+Bounded, and the relay never waits: past ``soft_bytes`` of events not yet taken by the bookkeeper, chunk events
+and large request bodies are shed (per request, from the first shed chunk on: a stream with a hole cannot be
+interpreted), counted per kind, and the request's record is flagged ``bookkeeping_shed``. Past ``hard_bytes`` a new
+request is not handed to the bookkeeping at all: counted as a lost record, which makes the proxy exit non-zero, as
+records the sink cannot write do. The same when the bookkeeper is gone: relaying goes on, records are counted lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from specproxy.core.request_body import SCAN_BYTES
+from specproxy.proxy.events import (
+    BEGIN,
+    CHUNK,
+    FINISH,
+    HEAD,
+    HEADER,
+    HEALTH,
+    QUERY,
+    REFUSED,
+    REPLY,
+    STATS,
+    FrameError,
+    FrameReader,
+    begin_payload,
+    split_reply,
+)
+
+log = logging.getLogger("specproxy.proxy")
+
+STATS_INTERVAL_S = 0.5
+QUERY_TIMEOUT_S = 10.0
+
+
+class Relayed:
+    """One request as its relay follows it: a number, an id, and what is known without reading anything."""
+
+    __slots__ = ("lost", "ov_max", "ov_n", "ov_ns", "request_id", "seq", "shed", "start_ns")
+
+    def __init__(self, seq: int, start_ns: int) -> None:
+        self.seq = seq
+        self.start_ns = start_ns
+        self.request_id = uuid.uuid4().hex[:16]
+        self.shed = False  # some of its bookkeeping was shed: its record is flagged
+        self.lost = False  # not handed to the bookkeeping: no record, counted
+        self.ov_ns = 0  # time the relay spent on bookkeeping for this request (appending its events)
+        self.ov_max = 0
+        self.ov_n = 0
+
+
+class _SocketSide(asyncio.Protocol):
+    """The channel's socket, as the event loop drives it."""
+
+    def __init__(self, link: EventLink) -> None:
+        self.link = link
+        self.transport: asyncio.WriteTransport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        # above this many bytes not taken by the bookkeeper, the loop says so (pause_writing): chunks are then shed
+        self.transport.set_write_buffer_limits(high=self.link.soft_bytes)  # type: ignore[union-attr]
+
+    def data_received(self, data: bytes) -> None:
+        self.link.received(data)
+
+    def pause_writing(self) -> None:
+        self.link.congested = True
+
+    def resume_writing(self) -> None:
+        self.link.congested = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.link.gone("the bookkeeping process closed the channel" if exc is None else f"channel broke: {exc}")
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class EventLink:
+    """A relay's channel to its bookkeeper, with the relay's own counters."""
+
+    def __init__(self, *, soft_bytes: int, hard_bytes: int, capture_max_bytes: int, header_names: tuple[str, ...]):
+        self.soft_bytes = soft_bytes
+        self.hard_bytes = max(hard_bytes, soft_bytes)
+        self.capture_max_bytes = capture_max_bytes
+        self.header_names = header_names  # request headers the workload rules read
+        self.congested = False
+        self.alive = False  # attached and not gone
+        self.healthy = True  # the bookkeeper can write records (its sink said so last)
+        self.in_flight = 0
+        self.requests = 0
+        self.shed = {"chunk": 0, "body": 0}
+        self.shed_requests = 0
+        self.lost = 0
+        self.overhead_ns = 0
+        self.overhead_count = 0
+        self._buf = bytearray()
+        self._scheduled = False
+        self._seq = 0
+        self._queries: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        self._reader = FrameReader()
+        self._send: Callable[[bytes], None] | None = None
+        self._buffered: Callable[[], int] = lambda: 0
+        self._side: _SocketSide | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+        self._last_stats: tuple[Any, ...] = ()
+        self._closing = False
+
+    # -- attaching ---------------------------------------------------------------------------------------------------
+    def attach_local(self, send: Callable[[bytes], None]) -> None:
+        """A bookkeeper on this loop: each batch is handed to ``send`` (its reader) as the socket would carry it."""
+        self._start(send, lambda: 0)
+
+    async def attach_socket(self, sock: Any) -> None:
+        loop = asyncio.get_running_loop()
+        _, side = await loop.create_unix_connection(lambda: _SocketSide(self), sock=sock)
+        self._side = side
+        transport = side.transport
+        assert transport is not None
+        self._start(transport.write, transport.get_write_buffer_size)
+
+    def _start(self, send: Callable[[bytes], None], buffered: Callable[[], int]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._send, self._buffered = send, buffered
+        self.alive = True
+        self._tick()
+
+    @property
+    def backlog(self) -> int:
+        """Bytes of events the bookkeeper has not taken yet (beyond what the kernel holds for it)."""
+        return len(self._buf) + self._buffered()
+
+    # -- per request (the hot path) ----------------------------------------------------------------------------------
+    def begin(self, method: str, path: str, headers: Any, workload_header: str | None, body: bytes) -> Relayed:
+        self._seq = seq = (self._seq + 1) & 0xFFFFFFFF
+        r = Relayed(seq, time.perf_counter_ns())
+        self.in_flight += 1
+        self.requests += 1
+        if not self.alive:
+            r.lost = True
+            return r
+        backlog = self.backlog
+        if backlog > self.hard_bytes:
+            r.lost = True
+            return r
+        size = len(body)
+        doc: dict[str, Any] = {
+            "rid": r.request_id,
+            "m": method,
+            "p": path,
+            "wh": workload_header,
+            "h": {n: v for n in self.header_names if (v := headers.get(n)) is not None},
+            "at": time.time(),
+            "size": size,
+        }
+        if size > self.capture_max_bytes:
+            body = body[:SCAN_BYTES]  # the bookkeeper reads model and stream from its head, no more
+        elif (backlog + size > self.soft_bytes or self.congested) and size > SCAN_BYTES:
+            body = body[:SCAN_BYTES]
+            doc["shed"] = True
+            r.shed = True
+            self.shed["body"] += 1
+            self.shed_requests += 1
+        self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
+        return r
+
+    def head(self, r: Relayed, status: int, content_type: str | None, content_encoding: str | None) -> None:
+        if not r.lost:
+            self._append(HEAD, r.seq, time.perf_counter_ns(), orjson.dumps([status, content_type, content_encoding]))
+
+    def chunk(self, r: Relayed, t_ns: int, data: bytes) -> None:
+        if r.shed or r.lost:
+            if r.shed:
+                self.shed["chunk"] += 1
+            return
+        buf = self._buf
+        if self.congested or len(buf) > self.soft_bytes:
+            r.shed = True
+            self.shed["chunk"] += 1
+            self.shed_requests += 1
+            return
+        buf += HEADER.pack(CHUNK, r.seq, t_ns, len(data))
+        buf += data
+        if not self._scheduled:
+            self._schedule()
+
+    def finish(self, r: Relayed, outcome: str, error: str | None) -> None:
+        end_ns = time.perf_counter_ns()
+        self.in_flight -= 1
+        self.overhead_ns += r.ov_ns
+        self.overhead_count += r.ov_n
+        if r.lost or not self.alive:
+            self.lost += 1
+            return
+        doc = orjson.dumps([outcome, error, r.ov_ns, r.ov_max, r.ov_n, r.shed])
+        self._append(FINISH, r.seq, end_ns, doc)
+
+    def refused(self, status: int) -> None:
+        if self.alive:
+            self._append(REFUSED, 0, status)
+
+    # -- the own endpoints -------------------------------------------------------------------------------------------
+    async def query(self, path: str) -> tuple[int, str, bytes]:
+        """Ask the bookkeeper for an own endpoint's answer: (status, content type, body)."""
+        if not self.alive:
+            return 503, "text/plain", b"the bookkeeping process is gone: no status, records are counted lost\n"
+        self._seq = qid = (self._seq + 1) & 0xFFFFFFFF
+        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self._queries[qid] = fut
+        self._stats(force=True)  # this relay's counters as of now come first
+        self._append(QUERY, qid, 0, path.encode())
+        try:
+            status, payload = await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
+        except TimeoutError:
+            return 503, "text/plain", b"the bookkeeping process did not answer in time\n"
+        finally:
+            self._queries.pop(qid, None)
+        content_type, body = split_reply(payload)
+        return status, content_type, body
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "shed": dict(self.shed),
+            "shed_requests": self.shed_requests,
+            "lost_records": self.lost,
+            "backlog_bytes": self.backlog,
+            "overhead_ns": self.overhead_ns,
+            "overhead_count": self.overhead_count,
+        }
+
+    # -- the channel -------------------------------------------------------------------------------------------------
+    def _append(self, kind: int, seq: int, t: int, payload: bytes = b"") -> None:
+        buf = self._buf
+        buf += HEADER.pack(kind, seq, t, len(payload))
+        buf += payload
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if self._loop is not None and self.alive:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Hand what is buffered to the channel: one write (called once per loop iteration when there is any)."""
+        self._scheduled = False
+        if not self._buf or self._send is None or not self.alive:
+            self._buf.clear()
+            return
+        data = bytes(self._buf)
+        self._buf.clear()
+        try:
+            self._send(data)
+        except Exception as e:  # the channel's failure is not the stream's
+            log.exception("handing events to the bookkeeping failed")
+            self.gone(f"{type(e).__name__}: {e}")
+
+    def received(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except FrameError as e:
+            self.gone(str(e))
+            return
+        for kind, seq, t, payload in frames:
+            if kind == HEALTH:
+                self.healthy = bool(t)
+            elif kind == REPLY:
+                fut = self._queries.get(seq)
+                if fut is not None and not fut.done():
+                    fut.set_result((t, payload))
+
+    def gone(self, why: str) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        self.healthy = False
+        if self._closing:
+            return
+        log.error("bookkeeping lost (%s): relaying goes on, records are counted lost", why)
+        for fut in self._queries.values():
+            if not fut.done():
+                fut.set_result((503, b"text/plain\nthe bookkeeping process is gone\n"))
+
+    def _stats(self, *, force: bool = False) -> None:
+        s = self.stats()
+        key = (s["in_flight"], s["requests"], s["shed_requests"], s["lost_records"], self.shed["chunk"])
+        if force or key != self._last_stats:
+            self._last_stats = key
+            self._append(STATS, 0, 0, orjson.dumps(s))
+
+    def _tick(self) -> None:
+        if not self.alive or self._loop is None:
+            return
+        self._stats()
+        self._ticker = self._loop.call_later(STATS_INTERVAL_S, self._tick)
+
+    async def close(self, within_s: float = 30.0) -> None:
+        """Send what is left (the last records' events) and close the channel; a bookkeeper that does not take them
+        within ``within_s`` loses them (counted)."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self._closing = True
+        if self.alive:
+            self._stats(force=True)
+        self.flush()
+        side = self._side
+        if side is None or side.transport is None:
+            self.alive = False
+            return
+        side.transport.close()  # after what is buffered has gone out
+        try:
+            await asyncio.wait_for(asyncio.shield(side.closed), within_s)
+        except TimeoutError:
+            log.error("the bookkeeping process did not take the last events within %g s: records lost", within_s)
+            self.lost += 1
+            side.transport.abort()
+        self.alive = False
