@@ -291,6 +291,11 @@ async def test_the_simulator_serves_shared_prefixes_from_its_cache(tmp_path: Pat
         if truth is not first:
             assert truth.cached_tokens >= 384  # the shared prefix, in whole blocks
         assert rec["cached_tokens"] == (truth.cached_tokens or None)  # vLLM says nothing when nothing was cached
+    p = cli("report", str(tmp_path / "r.jsonl"), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    (group,) = json.loads(p.stdout)["groups"]
+    share = sum(t.cached_tokens for t in truths.values()) / sum(t.prompt_tokens for t in truths.values())
+    assert group["figures"]["prompt_cached_share"]["value"] == pytest.approx(share)
 
 
 async def test_simulator_tokenize_counts_its_own_text_as_generated() -> None:

@@ -40,6 +40,8 @@ class PartAcc:
 
     __slots__ = (
         "accepted",
+        "cached",
+        "cached_known",
         "draft_tokens",
         "drafts",
         "e2e",
@@ -49,6 +51,7 @@ class PartAcc:
         "itl",
         "judged",
         "last_end",
+        "prompt",
         "spans",
         "step",
         "tok_s",
@@ -65,6 +68,8 @@ class PartAcc:
         self.accepted = self.drafts = self.draft_tokens = 0.0
         self.judged = self.good = 0
         self.good_tokens = 0
+        self.prompt = self.cached = 0.0  # prompt tokens of finished requests, and those the prefix cache served
+        self.cached_known = 0  # requests whose engine said how many were cached
 
     def add(self, item: Item, ok: bool, spec: FigureSpec) -> None:
         rec = item.rec
@@ -77,6 +82,11 @@ class PartAcc:
                 self.tpot.add(item.tpot_s)
             if (v := rec["e2e_s"]) is not None:
                 self.e2e.add(v)
+            if (p := rec["prompt_tokens"]) is not None:
+                self.prompt += p
+                if (c := rec["cached_tokens"]) is not None:
+                    self.cached += c
+                    self.cached_known += 1
         s, e = rec["started_at"], rec["e2e_s"]
         if s is not None and e is not None:
             self.spans += 1
@@ -110,6 +120,9 @@ class PartAcc:
         self.judged += other.judged
         self.good += other.good
         self.good_tokens += other.good_tokens
+        self.prompt += other.prompt
+        self.cached += other.cached
+        self.cached_known += other.cached_known
 
     def samples(self) -> dict[str, Quantiles]:
         return {"ttft": self.ttft, "itl": self.itl, "step": self.step, "tpot": self.tpot, "e2e": self.e2e}
@@ -132,6 +145,8 @@ class PartAcc:
                 1.0 + self.accepted / self.drafts if self.drafts > 0 else None,
             )
         out["acceptance_rate"], out["mean_acceptance_length"] = rates
+        # engines say nothing when nothing was cached (vLLM), so the share counts once any request said something
+        out["prompt_cached_share"] = self.cached / self.prompt if self.cached_known and self.prompt > 0 else None
         if spec.slo is not None:
             ok_span = span > 0
             out.update(

@@ -195,6 +195,10 @@ def scalar_figures(records: Sequence[Record], spec: FigureSpec = DEFAULT_SPEC) -
             out[percentile_name(metric, p)] = percentile(samples[metric], p)
     out["acceptance_rate"] = acc.acceptance_rate
     out["mean_acceptance_length"] = acc.mean_acceptance_length
+    prompts = [r for r in ok if r["prompt_tokens"] is not None]
+    prompt = sum(r["prompt_tokens"] or 0 for r in prompts)
+    known = any(r["cached_tokens"] is not None for r in prompts)
+    out["prompt_cached_share"] = sum(r["cached_tokens"] or 0 for r in prompts) / prompt if known and prompt else None
     if spec.slo is not None:
         gp = goodput(records, spec.slo)
         out.update(slo_attainment=gp.attainment, goodput_req_s=gp.requests_per_s, goodput_tok_s=gp.tokens_per_s)

@@ -83,7 +83,8 @@ def report_tables(report: Report) -> list[Table]:
                 ),
             )
         )
-        lat_rows.append((*_keys(g), *(fmt_ms(f(n)) for m in _LATENCY_TABLE for n in spec.latency(m))))
+        latency = (fmt_ms(f(n)) for m in _LATENCY_TABLE for n in spec.latency(m))
+        lat_rows.append((*_keys(g), *latency, fmt_pct(f("prompt_cached_share"))))
         a = g.acceptance
         spec_rows.append(
             (
@@ -101,7 +102,7 @@ def report_tables(report: Report) -> list[Table]:
     thr_extra = [*_header(spec, "tpot", " ms"), *_header(spec, "e2e", " s")]
     if spec.slo is not None:
         thr_extra += ["SLO met", "goodput req/s", "goodput tok/s"]
-    lat_headers = [h for m in _LATENCY_TABLE for h in _header(spec, m, "")]
+    lat_headers = [*(h for m in _LATENCY_TABLE for h in _header(spec, m, "")), "prompt cached"]
     notes: list[str] = [
         "output tok/s: the group's completion tokens over the span from its first request's start to its last one's "
         "end; groups sent interleaved in one run share that span, so it is a share of the run's output, not a speed "

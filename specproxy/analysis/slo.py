@@ -177,7 +177,7 @@ class FigureSpec:
         out = ["decode_tok_s_p50", "output_tok_s"]
         for metric in LATENCY_METRICS:
             out += self.latency(metric)
-        out += ["acceptance_rate", "mean_acceptance_length"]
+        out += ["acceptance_rate", "mean_acceptance_length", "prompt_cached_share"]
         if self.slo is not None:
             out += ["slo_attainment", "goodput_req_s", "goodput_tok_s"]
         return tuple(out)
