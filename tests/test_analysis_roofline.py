@@ -10,13 +10,15 @@ import typer
 from typer.testing import CliRunner
 
 from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
-from specproxy.commands.analysis import register
+from specproxy.commands import analysis
+from specproxy.commands import roofline as roofline_cmd
 from tests.analysisutil import make_record, write_run
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
     app = typer.Typer()
-    register(app)
+    analysis.register(app)  # two commands: typer then keeps the command names
+    roofline_cmd.register(app)
     result = CliRunner().invoke(app, list(args))
     return result.exit_code, result.stdout, result.stderr
 
