@@ -106,3 +106,35 @@ def test_truncated_stream_is_flagged_not_dispatched_as_clean() -> None:
     assert d.feed(b"data: one\n\ndata: tw") == [SSEEvent(data="one")]
     assert d.has_partial
     assert d.flush() == [SSEEvent(data="tw", terminated=False)]
+
+
+def _slow(pieces: list[bytes]) -> list[SSEEvent]:
+    """The general line parser alone: fed byte by byte, no read is a whole event, so the one-event shortcut never
+    applies."""
+    d = SSEDecoder()
+    out: list[SSEEvent] = []
+    for p in pieces:
+        for i in range(len(p)):
+            out.extend(d.feed(p[i : i + 1]))
+    out.extend(d.flush())
+    return out
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b'data: {"a":1}\n\n', b"data: \n\n", b"data: x\n\n"],
+        [b"event: delta\n", b"data: x\n\n", b"data: y\n\n"],  # a field carried from the read before
+        [b"id: 7\n", b"retry: 30\n\n", b"data: x\n\n"],  # id and retry persist over events
+        [b"data: a\r", b"\ndata: b\n\n", b"data: c\n\n"],  # a CR ending a read: its LF comes next
+        [b"data: partial", b"\n\n", b"data: x\n\n"],  # a line carried over
+        [b"data: one\n", b"data: two\n\n"],  # two data lines
+        [b"data: x\n\ndata: y\n\n"],  # two events in one read
+        [b"data:  two spaces\n\n", b"data:no space\n\n", b"data: caf\xc3\xa9 \xff\n\n"],
+        [b"\xef\xbb\xbfdata: bom\n\n", b"data: x\n\n"],
+        [b"data: x\r\n\r\n", b"data: y\n\n"],
+    ],
+)
+def test_one_event_reads_decode_as_the_line_parser_does(pieces: list[bytes]) -> None:
+    assert decode(pieces) == _slow(pieces)
+    assert decode(pieces)  # each case dispatches something

@@ -11,6 +11,7 @@ import pytest
 from specproxy.core.openai_stream import interpret, interpret_json
 from specproxy.core.sse import SSEDecoder
 from specproxy.core.stats import decode_tok_s, percentile, step_and_token_gaps, summarize
+from specproxy.core.timeline import ResponseTimeline
 from specproxy.core.tokens import ApproxTokenizer, ChunkTokenCounter
 
 DATA = Path(__file__).parent / "data"
@@ -29,6 +30,8 @@ def chunk_tokens(name: str, *, use_usage: bool = True) -> list[int]:
             completion_tokens=c.completion_tokens if use_usage else None,
             n_token_ids=c.n_token_ids,
             text=c.text,
+            finish_reason=c.finish_reason,
+            role=c.role,
         )
         assert src == ("usage" if use_usage else src)
         if n:
@@ -89,6 +92,25 @@ def test_without_usage_the_tokenizer_counts_and_says_so() -> None:
     assert counter.count(has_choices=True, completion_tokens=None, n_token_ids=3, text="x") == (3, "token_ids")
     # usage on the final choices-[] chunk only is a total, not a step
     assert counter.count(has_choices=False, completion_tokens=120, n_token_ids=None, text="") == (0, "none")
+
+
+def test_steps_without_text_are_tokens_when_usage_comes_only_at_the_end() -> None:
+    """vLLM streams a step whose tokens end inside a character with empty text (SmolLM2's byte-level tokens on
+    Japanese; captured with usage only at the end). Each such chunk is a step, so it counts a token, and the first of
+    them is the first token's time; only the role chunk before it is no step."""
+    events = list(SSEDecoder().feed((DATA / "chat-stream-ngram-k3-ja-usage-at-end.sse").read_bytes()))
+    parsed = [interpret(ev.data) for ev in events]
+    assert parsed[0].role and not parsed[0].text
+    empty_steps = [i for i, c in enumerate(parsed) if c.has_choices and not c.role and not c.text]
+    assert len(empty_steps) == 5 and empty_steps[0] == 1  # the capture's shape
+    tl = ResponseTimeline(0, stream=True, tokenizer=ApproxTokenizer())
+    for i, ev in enumerate(events):  # one event per millisecond, as its own read
+        tl.feed((i + 1) * 1_000_000, f"data: {ev.data}\n\n".encode())
+    r = tl.result(len(events) * 1_000_000)
+    step_chunks = sum(1 for c in parsed if c.has_choices and not c.role)
+    assert len(tl.chunks) == step_chunks == 12 and all(n >= 1 for _, n in tl.chunks)
+    assert tl.first_token_ns == 2_000_000  # the second event: a token with no text
+    assert r.completion_tokens == 24
 
 
 def test_odd_events_never_crash() -> None:

@@ -138,3 +138,31 @@ def test_worker_parts_are_joined_on_line_boundaries_into_a_private_file(tmp_path
         whole.rstrip().replace(b"a", b"b"),
     ]
     assert not any(p.exists() for p in parts)
+
+
+def test_a_partial_record_an_older_version_glued_to_the_next_is_skipped_and_the_next_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Older versions, restarted after a cut, appended right behind the partial line: ``{partial{whole}``, once or
+    several times in a row. The whole record is read, with one warning per line; the library and the commands agree."""
+    recs = baseline_records(requests=6)
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(
+        dumps(recs[0])
+        + dumps(recs[1])[:150]  # cut short, then the next record appended to it
+        + dumps(recs[2])
+        + dumps(recs[3])[:90]  # two cuts in a row, then a whole record
+        + dumps(recs[4])[:200]
+        + dumps(recs[5])
+    )
+    ids = [r["request_id"] for r in recs]
+    with caplog.at_level(logging.WARNING):
+        assert _ids(path) == [ids[0], ids[2], ids[5]]
+    assert len(_warnings(caplog)) == 2 and all("glued" in w for w in _warnings(caplog))
+    p = run("report", str(path), "--format", "json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("glued") == 2 and "Traceback" not in p.stderr
+    # a line damaged otherwise, with a whole record behind it, is still an error
+    path.write_bytes(dumps(recs[0]) + b"not json " + dumps(recs[2]))
+    with pytest.raises(RecordError, match=r"x\.jsonl:2: not JSON"):
+        list(read_records(path))

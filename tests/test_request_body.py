@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from specproxy.core.request_body import SCAN_BYTES, inspect_body
+from specproxy.core.request_body import SCAN_BYTES, Body, inspect_body
 from tests.proxyutil import running_proxy
 from tests.upstreams import Script, capture_pieces, start_upstream
 
@@ -65,3 +65,14 @@ def test_capture_walks_a_bounded_number_of_containers() -> None:
     fine = {"model": "m", "api_key": "k", "x": [[i] for i in range(MAX_CONTAINERS // 2)], "n": list(range(100_000))}
     got = capture_body(fine)
     assert got["api_key"] == "[redacted]" and got["x"] == fine["x"] and got["n"] == fine["n"]
+
+
+def test_body_keeps_its_pieces_and_joins_only_what_is_asked() -> None:
+    pieces = [b"abc", b"", b"defg", b"h"]
+    body = Body(pieces)
+    assert len(body) == body.size == 8 and body.pieces() == [b"abc", b"defg", b"h"]  # empty reads are not kept
+    assert body.whole() == b"abcdefgh"
+    assert [body.head(n) for n in (0, 2, 3, 5, 8, 100)] == [b"", b"ab", b"abc", b"abcde", b"abcdefgh", b"abcdefgh"]
+    one = Body([b"only"])
+    assert one.whole() is one.pieces()[0]  # one piece: no copy
+    assert Body().whole() == b"" and Body().head(10) == b""

@@ -16,6 +16,7 @@ from pathlib import Path
 from specproxy.analysis.scan import Item, decode_line
 from specproxy.analysis.sources import SourceError, file_lines, run_files, run_name
 from specproxy.core.record import NotJSONError, Record, RecordError, cut_short, log
+from specproxy.core.salvage import GLUED, glued_tail
 
 __all__ = ["InputError", "read_records_of", "read_run", "read_runs", "run_name", "worth_a_second_process"]
 
@@ -36,7 +37,10 @@ def _items(path: Path) -> Iterator[Item]:
                 if cut_short(line):
                     log.warning("%s:%d: skipped a partial line (a write cut short, then appended to)", f.path, lineno)
                     continue
-                raise RecordError(f"{f.path}:{lineno}: {e}") from e
+                if (tail := glued_tail(line)) is None:
+                    raise RecordError(f"{f.path}:{lineno}: {e}") from e
+                log.warning("%s:%d: %s", f.path, lineno, GLUED)
+                item = decode_line(tail)
             except RecordError as e:
                 raise RecordError(f"{f.path}:{lineno}: {e}") from e
             if item is not None:

@@ -9,6 +9,7 @@ A negative usage count is read as missing and marked (``bad_usage``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -162,8 +163,9 @@ def interpret_json(obj: Any) -> StreamChunk:
     )
 
 
-def interpret(data: str) -> StreamChunk:
-    """Interpret the data of one SSE event."""
+def interpret(data: str, on_json: Callable[[Any], StreamChunk] = interpret_json) -> StreamChunk:
+    """Interpret the data of one SSE event: the ``[DONE]`` marker, text that is not JSON, or JSON that ``on_json``
+    reads (OpenAI shapes by default; a dialect passes its own)."""
     stripped = data.strip()
     if stripped == "[DONE]":
         return StreamChunk(kind="done")
@@ -171,7 +173,7 @@ def interpret(data: str) -> StreamChunk:
         obj = orjson.loads(stripped)
     except orjson.JSONDecodeError:
         return StreamChunk(kind="non_json", raw=data)
-    return interpret_json(obj)
+    return on_json(obj)
 
 
 def llamacpp_timings(t: dict[str, Any]) -> dict[str, float]:

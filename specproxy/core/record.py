@@ -18,6 +18,8 @@ from typing import Any, NotRequired, TypedDict
 
 import orjson
 
+from specproxy.core.salvage import GLUED, glued_tail
+
 SCHEMA_VERSION = 4
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
@@ -219,7 +221,11 @@ def read_records(path: str | Path) -> Iterator[Record]:
                     if cut_short(line):
                         log.warning("%s:%d: skipped a partial line (a write cut short, then appended to)", f, lineno)
                         continue
-                    raise RecordError(f"{f}:{lineno}: {e}") from e
+                    if (tail := glued_tail(line)) is not None:
+                        log.warning("%s:%d: %s", f, lineno, GLUED)
+                        rec = parse_line(tail)
+                    else:
+                        raise RecordError(f"{f}:{lineno}: {e}") from e
                 except RecordError as e:
                     raise RecordError(f"{f}:{lineno}: {e}") from e
                 if rec is not None:

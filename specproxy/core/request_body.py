@@ -22,6 +22,46 @@ _STREAM = re.compile(rb'"stream"\s*:\s*(true|false)')
 _JSON_START = (b"{", b"[", b" ", b"\n", b"\r", b"\t")
 
 
+class Body:
+    """A request body in the pieces it arrived in. A large body is never joined into one object: copying tens of
+    megabytes at once (``bytes(bytearray)``: 37 ms for 60 MB) stalls every other stream on the relay's loop. It is
+    forwarded piece by piece (:meth:`pieces`), and the bookkeeping gets at most its head (:meth:`head`)."""
+
+    __slots__ = ("_pieces", "size")
+
+    def __init__(self, pieces: list[bytes] | None = None) -> None:
+        self._pieces: list[bytes] = []
+        self.size = 0
+        for p in pieces or ():
+            self.append(p)
+
+    def append(self, piece: bytes) -> None:
+        if piece:
+            self._pieces.append(piece)
+            self.size += len(piece)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def head(self, n: int) -> bytes:
+        """The first ``n`` bytes (all of it when shorter): joins only the pieces that hold them."""
+        out: list[bytes] = []
+        got = 0
+        for p in self._pieces:
+            if got >= n:
+                break
+            out.append(p[: n - got])
+            got += len(out[-1])
+        return b"".join(out)
+
+    def whole(self) -> bytes:
+        """Every byte as one object: for a body small enough to copy at once."""
+        return self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
+
+    def pieces(self) -> list[bytes]:
+        return list(self._pieces)
+
+
 @dataclass(frozen=True, slots=True)
 class BodyFacts:
     parsed: Any  # the parsed JSON body; None when not JSON, or over the limit

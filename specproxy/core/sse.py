@@ -53,6 +53,22 @@ class SSEDecoder:
         self.comments = 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if (
+            # The common read, one whole ``data: ...`` event and nothing else, on a clean state: what the general
+            # parser below would make of it, without splitting it into lines (a read costs the proxy's bookkeeping
+            # once per streamed step).
+            not self._line
+            and not self._data
+            and not self._event
+            and not self._pending_cr
+            and chunk.startswith(b"data: ")
+            and chunk.endswith(b"\n\n")
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            self._first_line = False
+            data = chunk[6:-2].decode("utf-8", errors="replace")
+            return [SSEEvent(data, "message", self._last_id, self._retry_ms, True)]
         events: list[SSEEvent] = []
         if self._pending_cr and chunk[:1] == b"\n":
             chunk = chunk[1:]

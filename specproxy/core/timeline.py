@@ -225,6 +225,7 @@ class ResponseTimeline:
             n_token_ids=c.n_token_ids,
             text=c.text,
             finish_reason=c.finish_reason,
+            role=c.role,
         )
         if self._keep_text and c.text:
             if self._text_len < TEXT_CAPTURE_LIMIT:

@@ -206,10 +206,13 @@ class ChunkTokenCounter:
         n_token_ids: int | None,
         text: str,
         finish_reason: str | None = None,
+        role: bool = False,
     ) -> tuple[int, TokenSource]:
         """Tokens in one chunk. Counted from text, a chunk is an engine step and so carries at least one token: a
-        step whose text is only whitespace, or the step that produced the end-of-sequence token (the chunk with the
-        finish reason and no text), counts one."""
+        step whose text is only whitespace counts one, and so does a chunk with no text at all. vLLM streams a step
+        whose tokens end inside a character (a byte-level tokenizer on Japanese) with empty text, and the step that
+        produced the end-of-sequence token has none either. Only the chunk that announces the assistant's ``role``
+        with no text is not a step (vLLM sends it before the first token)."""
         if completion_tokens is not None and (has_choices or self.continuous_usage):
             if has_choices:
                 self.continuous_usage = True
@@ -222,5 +225,5 @@ class ChunkTokenCounter:
             return n_token_ids, "token_ids"
         tok = self._tokenizer or default_tokenizer()
         if not text:
-            return (1, tok.source) if finish_reason is not None else (0, "none")
+            return (0, "none") if role and finish_reason is None else (1, tok.source)
         return max(1, tok.count(text)), tok.source

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import orjson
-
-from specproxy.core.openai_stream import StreamChunk, interpret_json
+from specproxy.core.openai_stream import StreamChunk, interpret, interpret_json
 
 
 def as_int(v: Any) -> int | None:
@@ -33,14 +31,7 @@ class Dialect:
 
     def event(self, event: str, data: str) -> StreamChunk:
         """One SSE event: its ``event:`` name (``message`` when none) and its data."""
-        stripped = data.strip()
-        if stripped == "[DONE]":
-            return StreamChunk(kind="done")
-        try:
-            obj = orjson.loads(stripped)
-        except orjson.JSONDecodeError:
-            return StreamChunk(kind="non_json", raw=data)
-        return self.json(obj)
+        return interpret(data, self.json)
 
     def json(self, obj: Any) -> StreamChunk:
         """One parsed JSON object: a streamed chunk, an NDJSON line or a whole response body."""
