@@ -35,6 +35,12 @@ def test_the_server_figure_wins_when_it_reports_drafts() -> None:
     assert c.source == "server" and c.chosen is not None and c.chosen.counts.accepted == 4
 
 
+def test_an_impossible_server_figure_is_flagged_and_not_used() -> None:
+    c = decide(_ev(server_spec={**SERVER, "num_accepted_draft_tokens": 10**6}, counters=_counters(5, 3)))
+    assert c.server is None and c.source == "chunks" and "server_spec_unusable" in c.flags
+    assert "server_spec_unusable" not in decide(_ev(server_spec=SERVER)).flags
+
+
 def test_text_counts_are_not_steps_so_counters_win() -> None:
     c = decide(_ev(exact_counts=False, counters=_counters(6, 3, exact=False, overlapped=True)))
     assert not c.chunks_are_steps and c.chunks is not None and not c.chunks.exact

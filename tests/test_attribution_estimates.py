@@ -89,3 +89,20 @@ def test_approximate_keeps_the_figures() -> None:
 
 def test_tokens_per_step_histogram_skips_prefill_and_empty_chunks() -> None:
     assert tokens_per_step_histogram([5, 3, 1, 0, 4, 1]) == {"3": 1, "1": 2, "4": 1}
+
+
+def test_server_figures_no_engine_can_produce_are_not_taken() -> None:
+    ok = {"num_accepted_draft_tokens": 4, "num_spec_steps": 3, "num_draft_tokens": 9, "num_spec_tokens": 3}
+    assert from_server(ok) is not None
+    for bad in (
+        {"num_accepted_draft_tokens": 10},  # more accepted than drafted
+        {"num_accepted_draft_tokens": -1},  # negative
+        {"num_spec_steps": float("nan")},  # not finite
+        {"num_draft_tokens": float("inf")},
+        {"num_draft_tokens": 12},  # more drafted than k per step
+        {"num_spec_tokens": 2},  # the same: k 2 over 3 steps drafts at most 6
+    ):
+        assert from_server({**ok, **bad}) is None, bad
+    # older SGLang: draft tokens unknown (None), so no accepted-over-drafted check, only the signs
+    assert from_server({"num_accepted_draft_tokens": 4, "num_spec_steps": 3, "num_draft_tokens": None,
+                        "engine": "sglang"}) is not None  # fmt: skip

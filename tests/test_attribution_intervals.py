@@ -7,7 +7,7 @@ from collections import deque
 import pytest
 
 from specproxy.attribution.counts import SpecCounts
-from specproxy.attribution.intervals import Activity, Chunk, Interval, cut, step_quota
+from specproxy.attribution.intervals import Activity, Chunk, Evidence, Interval, cut, step_quota
 
 MS = 10**6
 
@@ -143,7 +143,78 @@ def test_partial_drafting_uses_known_drafts_then_the_workload_rates() -> None:
     assert iv.draft_observation() == ({"code": 3, "ja": 4}, 4)
 
 
+def test_a_requests_odds_ratio_follows_its_share_of_multi_token_steps_shrunk_to_its_workload() -> None:
+    assert Evidence().odds_ratio(0.4) == pytest.approx(1.0)  # no steps yet: the workload's own
+    often, rarely = Evidence(steps=40, multi=30), Evidence(steps=40, multi=4)
+    assert often.odds_ratio(0.4) > 1.0 > rarely.odds_ratio(0.4)  # type: ignore[operator]
+    # 30 of 40 with 8 prior steps at 0.4: f = 33.2 / 48; odds (f / (1 - f)) / (0.4 / 0.6)
+    f = (30 + 8 * 0.4) / 48
+    assert often.odds_ratio(0.4) == pytest.approx((f / (1 - f)) / (0.4 / 0.6))
+    assert Evidence(steps=40, multi=30, exact=False).odds_ratio(0.4) is None  # inexact counts show no multi steps
+    assert often.odds_ratio(None) is None and often.odds_ratio(0.0) is None
+
+
+def test_within_a_workload_rejected_drafts_go_to_the_request_that_drafts_more() -> None:
+    # ngram: two code requests, 10 one-token steps each here; "a" has brought several tokens on most of its steps so
+    # far, "b" on few. 6 drafts beyond the known ones: the workload's part (rate 0.3 * 20 = all 6 here) goes mostly
+    # to "a", in proportion to the odds ratios; without evidence, half each.
+    members = {"a": _act(10, 10, exact=True), "b": _act(10, 10, exact=True)}
+    iv = Interval(SpecCounts(accepted=0, drafts=6, draft_tokens=18), members, {"a": "code", "b": "code"})
+    assert iv.draft_share("a", {"code": 0.3}, True, {"code": 0.4})[0] == pytest.approx(3)
+    iv.evidence.update(a=Evidence(steps=60, multi=45), b=Evidence(steps=60, multi=6))
+    a, b = (iv.draft_share(m, {"code": 0.3}, True, {"code": 0.4})[0] for m in ("a", "b"))
+    ra, rb = iv.evidence["a"].odds_ratio(0.4), iv.evidence["b"].odds_ratio(0.4)
+    assert a + b == pytest.approx(6) and a / b == pytest.approx(ra / rb) and a > 4 * b  # type: ignore[operator]
+
+
+def test_between_workloads_rejected_drafts_follow_the_fit_as_it_was_fitted() -> None:
+    # the rates were fitted on one-token steps weighted by the odds ratios as they stood at the scrape: a workload's
+    # part is its rate times that, even though "a"'s ratio has grown since
+    members = {"a": _act(10, 10, exact=True), "c": _act(10, 10, exact=True)}
+    iv = Interval(SpecCounts(accepted=0, drafts=6, draft_tokens=18), members, {"a": "code", "c": "ja"})
+    iv.evidence["a"] = Evidence(steps=60, multi=45)
+    rates, multi = {"code": 0.3, "ja": 0.3}, {"code": 0.4, "ja": 0.4}
+    assert iv.draft_share("a", rates, True, multi)[0] > 4.5  # weighted now: "a" takes most
+    iv.settled_unknown = {"code": 10.0, "ja": 10.0}
+    assert iv.draft_share("a", rates, True, multi)[0] == pytest.approx(3)
+    assert iv.draft_share("c", rates, True, multi)[0] == pytest.approx(3)
+
+
 def test_a_lone_partial_drafter_takes_every_draft() -> None:
     iv = Interval(SpecCounts(accepted=2, drafts=3, draft_tokens=9), {"a": _act(6, 8, exact=True, multi=2)}, {})
     assert iv.draft_share("a", {"": 0.1}, partial=True) == pytest.approx((3, 9))
     assert Interval(SpecCounts(), {"a": _act(1, 1, exact=True)}, {}).draft_observation() is None
+
+
+def test_shares_computed_once_per_model_state_equal_those_computed_each_time() -> None:
+    """A member's share is a lookup in what the interval computed for the models' state (``version``): the same
+    figures as computing everything for each member, cut members and foreign steps included, and computed anew when
+    the state moves on."""
+
+    def interval() -> Interval:
+        members = {
+            "e1": _act(5, 9, exact=True, pos=[3, 1], multi=3),
+            "e2": _act(4, 4, exact=True),
+            "i1": _act(6, 10, exact=False),
+            "i2": _act(3, 7, exact=False),
+        }
+        iv = Interval(
+            SpecCounts(accepted=14, drafts=12, draft_tokens=30, per_position=(8.0, 4.0, 2.0)),
+            members,
+            {"e1": "code", "e2": "ja", "i1": "code", "i2": "ja"},
+            foreign_steps=2,
+        )
+        iv.evidence.update(e1=Evidence(steps=30, multi=20), e2=Evidence(steps=30, multi=3))
+        iv.truncated.add("e2")
+        return iv
+
+    rates, multi = {"code": 0.4, "ja": 0.2}, {"code": 0.5, "ja": 0.2}
+    coef = {"code": (0.9, 0.1), "ja": (0.3, 0.05)}
+    fresh, cached = interval(), interval()
+    for m in ("e1", "e2", "i1", "i2"):
+        assert cached.draft_share(m, rates, True, multi, 1) == pytest.approx(fresh.draft_share(m, rates, True, multi))
+        assert cached.accepted_share(m, coef, 1) == fresh.accepted_share(m, coef)
+    other = {"code": (0.1, 0.0), "ja": (2.0, 0.0)}
+    assert cached.accepted_share("i1", other, 1) == cached.accepted_share("i1", coef, 1)  # the same state: kept
+    assert cached.accepted_share("i1", other, 2) == fresh.accepted_share("i1", other)  # moved on
+    assert cached.accepted_share("i1", other, 2) != cached.accepted_share("i1", coef, None)

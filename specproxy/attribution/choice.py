@@ -93,6 +93,8 @@ def decide(ev: Evidence) -> Choice:
         flags.append("stream_interval_suspected")  # more tokens in one chunk than one step can bring
         chunks_are_steps = False
     server = from_server(ev.server_spec) if ev.server_spec else None
+    if ev.server_spec and server is None:
+        flags.append("server_spec_unusable")  # fields missing, or numbers no engine can produce: not used
     if server is None and ev.llama_timings:
         server = from_llama_timings(ev.llama_timings)
     chunks = from_chunks(tokens, k) if ev.stream and tokens and not ev.per_token_events else None

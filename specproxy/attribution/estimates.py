@@ -12,6 +12,7 @@ Pure: numbers and parsed JSON in, estimates out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -84,6 +85,14 @@ def from_server(spec: Mapping[str, Any]) -> SpecEstimate | None:
         return None
     k_raw = spec.get("num_spec_tokens")
     k = int(k_raw) if isinstance(k_raw, int) else None
+    # A server's figures are taken as exact, so impossible ones are not taken at all: not finite, negative, more
+    # accepted than drafted, more drafted per step than k.
+    if not all(math.isfinite(x) and x >= 0 for x in (accepted, drafts, draft_tokens)):
+        return None
+    if raw_draft_tokens is not None and accepted > draft_tokens:
+        return None
+    if k is not None and (k < 0 or draft_tokens > k * drafts or accepted > k * drafts):
+        return None
     per_pos: tuple[float, ...] = ()
     steps = spec.get("per_step_accepted")
     hist = spec.get("acceptance_histogram")

@@ -129,7 +129,8 @@ class DraftModel:
     """``remaining_drafts_j ~= sum_w q_w * unknown_steps_{w,j}``.
 
     ``unknown_steps`` are the decode steps whose chunk does not show whether they drafted (a step that brought one
-    token may have drafted and had everything rejected, or not drafted at all); ``remaining_drafts`` is the
+    token may have drafted and had everything rejected, or not drafted at all), each weighted by its request's odds
+    ratio (:meth:`~specproxy.attribution.intervals.Interval.draft_observation`); ``remaining_drafts`` is the
     interval's drafts less the steps known to have drafted. The prior pulls each ``q_w`` towards the pooled rate;
     rates are clamped to [0, 1].
     """

@@ -62,8 +62,40 @@ class Activity:
         """Steps known to have drafted: a step that brought several tokens did (only trusted with exact counts)."""
         return self.multi if self.exact else 0.0
 
+    @property
+    def unknown(self) -> float:
+        """Steps whose chunk does not show whether they drafted."""
+        return self.steps - self.known_drafted
+
     def position(self, i: int) -> float:
         return self.per_position[i] if i < len(self.per_position) else 0.0
+
+
+@dataclass(slots=True)
+class Evidence:
+    """A request's decode steps over every interval settled so far, and how many of them are known to have drafted:
+    how often *this* request drafts, where only some steps do (ngram drafts on a match, and a reply that repeats its
+    context matches far more often than one that does not)."""
+
+    steps: float = 0.0
+    multi: float = 0.0
+    exact: bool = True
+
+    def add(self, a: Activity) -> None:
+        self.steps += a.steps
+        self.multi += a.multi
+        self.exact = self.exact and a.exact
+
+    def odds_ratio(self, workload_multi: float | None) -> float | None:
+        """This request's odds of a multi-token step over its workload's (``workload_multi``: the workload's share
+        of multi-token steps), shrunk towards 1 when it has few steps; None when not known (inexact counts)."""
+        if not self.exact or workload_multi is None or not 0.0 < workload_multi < 1.0:
+            return None
+        f = (self.multi + PRIOR_STEPS * workload_multi) / (self.steps + PRIOR_STEPS)
+        return (f / (1.0 - f)) / (workload_multi / (1.0 - workload_multi))
+
+
+PRIOR_STEPS = 8.0  # a request's own drafting evidence counts as much as its workload's after this many steps
 
 
 def cut(chunks: deque[Chunk], *, boundary_ns: int, quota: int | None) -> dict[str, Activity]:
@@ -120,10 +152,23 @@ class Interval:
     # did not stream (another client, a non-streamed request) share the delta, so ours take only their part
     foreign_steps: float = 0.0
     truncated: set[str] = field(default_factory=set)  # members that ended cut by max_tokens
+    # each member's drafting evidence over its whole life (shared, growing objects: see Evidence)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    # workload -> its one-token steps here weighted by odds ratios as they stood when the interval settled: what the
+    # draft model was fitted on, so what its rates multiply
+    settled_unknown: dict[str, float] = field(default_factory=dict)
+    # what sharing needs, computed once per state of the models (``version``) rather than once per member: a member's
+    # share is then a lookup, and an interval of n requests costs O(n), not O(n^2), to share out
+    _draft_plan: tuple[int, float, dict[str, float], float] | None = field(default=None, init=False, repr=False)
+    _accept_plan: tuple[int, _AcceptPlan] | None = field(default=None, init=False, repr=False)
 
     @property
     def steps(self) -> float:
         return sum(a.steps for a in self.members.values())
+
+    @property
+    def known_drafted(self) -> float:
+        return sum(a.known_drafted for a in self.members.values())
 
     @property
     def all_exact(self) -> bool:
@@ -161,24 +206,47 @@ class Interval:
                 by_w[w] = (w_steps + a.steps, w_text + a.tokens)
         return by_w, remainder
 
-    def draft_observation(self) -> tuple[dict[str, float], float] | None:
-        """(workload -> steps not known to have drafted, drafts less the steps known to have); None without drafts."""
+    def draft_observation(
+        self, workload_multi: Mapping[str, float] | None = None
+    ) -> tuple[dict[str, float], float] | None:
+        """(workload -> its steps not known to have drafted, each weighted by its request's odds ratio; drafts less
+        the steps known to have); None without drafts."""
         if self.delta.drafts <= 0:
             return None
-        known = sum(a.known_drafted for a in self.members.values())
         unknown: dict[str, float] = {}
-        for rid, a in self.members.items():
+        for rid, scaled in self._scaled_unknown(workload_multi or {}).items():
             w = self.workloads.get(rid, "")
-            unknown[w] = unknown.get(w, 0.0) + a.steps - a.known_drafted
-        return unknown, self.delta.drafts - known
+            unknown[w] = unknown.get(w, 0.0) + scaled
+        return unknown, self.delta.drafts - self.known_drafted
+
+    def _scaled_unknown(self, workload_multi: Mapping[str, float]) -> dict[str, float]:
+        """member -> its one-token steps here, weighted by its odds ratio (unweighted when that is not known)."""
+        out: dict[str, float] = {}
+        for m, a in self.members.items():
+            ev = self.evidence.get(m)
+            ratio = ev.odds_ratio(workload_multi.get(self.workloads.get(m, ""))) if ev is not None else None
+            out[m] = a.unknown if ratio is None else a.unknown * ratio
+        return out
 
     # -- shares ----------------------------------------------------------------------------------------------------
-    def draft_share(self, rid: str, rates: Mapping[str, float], partial: bool) -> tuple[float, float]:
+    def draft_share(
+        self,
+        rid: str,
+        rates: Mapping[str, float],
+        partial: bool,
+        workload_multi: Mapping[str, float] | None = None,
+        version: int | None = None,
+    ) -> tuple[float, float]:
         """This request's drafts and draft tokens in the interval.
 
         When every step drafts (MTP, EAGLE, draft models) drafts follow steps. When only some do (``partial``:
-        ngram), a step that brought several tokens certainly drafted; the remaining drafts go to the other steps as
-        each workload's fitted drafting rate (``rates``) predicts them. Draft tokens follow drafts.
+        ngram), a step that brought several tokens certainly drafted, and the remaining drafts (all rejected) belong
+        to one-token steps. How likely a one-token step is to have drafted differs by request: with ``f`` the share
+        of a request's steps that brought several tokens and ``a1`` the first draft position's acceptance, its odds
+        are ``f / (1 - f) * (1 - a1) / a1``. So one-token steps are weighted by their request's odds ratio to its
+        workload (:meth:`Evidence.odds_ratio`; ``workload_multi``: each workload's ``f``), and each workload's
+        weighted steps by its fitted rate (``rates``, fitted on the same weighting: :meth:`draft_observation`).
+        Draft tokens follow drafts. ``version``: the models' state; the weights are computed once per version.
         """
         drafts = self.delta.drafts
         me = self.members[rid]
@@ -186,51 +254,84 @@ class Interval:
             total_steps = self.steps + self.foreign_steps
             mine = drafts * me.steps / total_steps if total_steps else 0.0
         else:
-            rest = max(0.0, drafts - sum(a.known_drafted for a in self.members.values()))
-            weights = {
-                m: rates.get(self.workloads.get(m, ""), 1.0) * (a.steps - a.known_drafted)
-                for m, a in self.members.items()
-            }
-            total = sum(weights.values())
-            if total <= 0:
-                weights = {m: a.steps - a.known_drafted for m, a in self.members.items()}
+            plan = self._draft_plan
+            if plan is None or version is None or plan[0] != version:
+                rest = max(0.0, drafts - self.known_drafted)
+                weights = self._draft_weights(rates, workload_multi or {})
                 total = sum(weights.values())
+                if total <= 0:
+                    weights = {m: a.unknown for m, a in self.members.items()}
+                    total = sum(weights.values())
+                plan = self._draft_plan = (-1 if version is None else version, rest, weights, total)
+            _, rest, weights, total = plan
             mine = min(me.steps, me.known_drafted + (rest * weights[rid] / total if total > 0 else 0.0))
         tokens = self.delta.draft_tokens * mine / drafts if drafts else 0.0
         return mine, tokens
 
-    def accepted_share(self, rid: str, coef: Mapping[str, tuple[float, float]]) -> tuple[float, list[float]]:
+    def _draft_weights(self, rates: Mapping[str, float], workload_multi: Mapping[str, float]) -> dict[str, float]:
+        """Each workload's part is its fitted rate times its weighted one-token steps as the fit saw them; within a
+        workload, members share it by their one-token steps weighted by their odds ratios as they stand now (their
+        whole evidence, for a member that has ended)."""
+        by_w: dict[str, dict[str, float]] = {}
+        for m, v in self._scaled_unknown(workload_multi).items():
+            by_w.setdefault(self.workloads.get(m, ""), {})[m] = v
+        weights: dict[str, float] = {}
+        for w, scaled in by_w.items():
+            total = sum(scaled.values())
+            part = rates.get(w, 1.0) * self.settled_unknown.get(w, total)
+            for m, v in scaled.items():
+                weights[m] = part * v / total if total > 0 else 0.0
+        return weights
+
+    def accepted_share(
+        self, rid: str, coef: Mapping[str, tuple[float, float]], version: int | None = None
+    ) -> tuple[float, list[float]]:
         """This request's accepted tokens and per-position counts in the interval.
 
         Exact members (usage or token ids) accepted exactly tokens - steps, at the positions their chunks show.
         What remains of the delta goes to the inexact members: between workloads as the acceptance model ``coef``
         predicts them here (or by steps without a model), within a workload by text beyond one token per step (an
         approximate count, but the same tokenizer for the same kind of text), else by steps. With no inexact
-        member, what remains is the unemitted tail of a max_tokens cut, when a member ended so.
+        member, what remains is the unemitted tail of a max_tokens cut, when a member ended so. ``version``: the
+        acceptance model's state; what does not depend on the member is computed once per version.
         """
+        k = len(self.delta.per_position)
+        me = self.members[rid]
+        cached = self._accept_plan
+        if cached is None or version is None or cached[0] != version:
+            cached = self._accept_plan = (-1 if version is None else version, self._plan_acceptance(coef))
+        plan = cached[1]
+        if me.exact:
+            accepted = me.extra_tokens
+            pos = [me.position(i) for i in range(k)]
+            rest = plan.exact_rest
+            if not plan.fractions and not self.foreign_steps and rid in self.truncated and rest > 0:
+                # the unemitted drafts of the last step: at most k tokens per request cut
+                cut = sum(1 for m in self.truncated if self.members[m].exact)
+                extra = min(rest / cut, float(k)) if k else rest / cut
+                f = extra / rest
+                accepted += extra
+                pos = [p + max(0.0, r) * f for p, r in zip(pos, plan.exact_rest_pos, strict=True)]
+            return accepted, pos
+        fraction = plan.fractions.get(rid, 0.0)
+        return plan.rest * fraction, [max(0.0, r) * fraction for r in plan.rest_pos]
+
+    def _plan_acceptance(self, coef: Mapping[str, tuple[float, float]]) -> _AcceptPlan:
         per_position = self.delta.per_position
         k = len(per_position)
-        me = self.members[rid]
         exact_ids = [m for m, a in self.members.items() if a.exact]
-        rest = self.delta.accepted - sum(self.members[m].extra_tokens for m in exact_ids)
-        rest_pos = [per_position[i] - sum(self.members[m].position(i) for m in exact_ids) for i in range(k)]
+        exact_rest = self.delta.accepted - sum(self.members[m].extra_tokens for m in exact_ids)
+        exact_rest_pos = [per_position[i] - sum(self.members[m].position(i) for m in exact_ids) for i in range(k)]
         inexact: dict[str, list[str]] = {}
         for m, a in self.members.items():
             if not a.exact:
                 inexact.setdefault(self.workloads.get(m, ""), []).append(m)
-        if me.exact:
-            accepted = me.extra_tokens
-            pos = [me.position(i) for i in range(k)]
-            cut_ids = [m for m in exact_ids if m in self.truncated]
-            if not inexact and not self.foreign_steps and rid in cut_ids and rest > 0:
-                # the unemitted drafts of the last step: at most k tokens per request cut
-                extra = min(rest / len(cut_ids), float(k)) if k else rest / len(cut_ids)
-                f = extra / rest
-                accepted += extra
-                pos = [p + max(0.0, r) * f for p, r in zip(pos, rest_pos, strict=True)]
-            return accepted, pos
-        if rest <= 0:
-            return 0.0, [0.0] * k
+        if not inexact:
+            return _AcceptPlan(exact_rest, exact_rest_pos, {}, 0.0, [0.0] * k)
+        if exact_rest <= 0:  # nothing left for the inexact members
+            return _AcceptPlan(exact_rest, exact_rest_pos, {m: 0.0 for ids in inexact.values() for m in ids}, 0.0,
+                               [0.0] * k)  # fmt: skip
+        rest, rest_pos = exact_rest, exact_rest_pos
         if self.foreign_steps:  # the remainder is also the foreign steps': keep only our inexact steps' part
             ours = sum(a.steps for a in self.members.values() if not a.exact)
             f = ours / (ours + self.foreign_steps) if ours + self.foreign_steps else 0.0
@@ -244,9 +345,23 @@ class Interval:
             model[w] = max(0.0, coef_steps * steps + coef_text * w_text)
         if sum(model.values()) <= 0:
             model = {w: sum(self.members[m].steps for m in ids) for w, ids in inexact.items()}
-        w = self.workloads.get(rid, "")
-        ids = inexact[w]
-        text = {m: self.members[m].extra_tokens for m in ids}
-        base = text if sum(text.values()) > 0 else {m: self.members[m].steps for m in ids}
-        fraction = (model[w] / (sum(model.values()) or 1.0)) * (base[rid] / (sum(base.values()) or 1.0))
-        return rest * fraction, [max(0.0, r) * fraction for r in rest_pos]
+        model_total = sum(model.values()) or 1.0
+        fractions: dict[str, float] = {}
+        for w, ids in inexact.items():
+            text = {m: self.members[m].extra_tokens for m in ids}
+            base = text if sum(text.values()) > 0 else {m: self.members[m].steps for m in ids}
+            base_total = sum(base.values()) or 1.0
+            for m in ids:
+                fractions[m] = (model[w] / model_total) * (base[m] / base_total)
+        return _AcceptPlan(exact_rest, exact_rest_pos, fractions, rest, rest_pos)
+
+
+@dataclass(frozen=True, slots=True)
+class _AcceptPlan:
+    """One interval's accepted-token remainder and how it is split, for one state of the acceptance model."""
+
+    exact_rest: float  # the delta less the exact members' own accepted tokens
+    exact_rest_pos: list[float]  # the same per position
+    fractions: dict[str, float]  # inexact member -> its fraction of ``rest`` (empty: every member is exact)
+    rest: float  # what the inexact members share (the foreign steps' part taken out)
+    rest_pos: list[float]

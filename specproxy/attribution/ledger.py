@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.estimates import SpecEstimate
 from specproxy.attribution.fit import AcceptanceModel, DraftModel
-from specproxy.attribution.intervals import Chunk, Interval, cut, step_quota
+from specproxy.attribution.intervals import Chunk, Evidence, Interval, cut, step_quota
 from specproxy.core.prom import SpecCounters
 
 PARTIAL_DRAFTING_BELOW = 0.95  # drafts per decode step under this: the method drafts on some steps only
@@ -41,6 +41,7 @@ class _Request:
     reset: bool = False
     ended: bool = False
     truncated: bool = False  # ended cut by max_tokens
+    evidence: Evidence = field(default_factory=Evidence)  # how often it drafts, from its settled chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,10 @@ class CounterLedger:
         self._owed = 0  # decode steps counted by the engine whose chunks arrived after their interval was cut
         self.aligned = 0  # intervals cut by the engine's step count
         self.time_cut = 0  # intervals cut by time
+        self._multi: dict[str, Evidence] = {}  # workload -> its steps and multi-token steps, exact counts only
+        # the models' state: it moves on with every settled interval; shares computed for one state are reused
+        self._version = 0
+        self._params: tuple[int, dict[str, tuple[float, float]], bool, dict[str, float], dict[str, float]] | None = None
 
     # -- what the recorder reports ---------------------------------------------------------------------------------
     def begin(self, rid: str, workload: str = "") -> None:
@@ -125,25 +130,31 @@ class CounterLedger:
             foreign = max(0.0, engine_steps - sum(a.steps for a in members.values()))
         workloads = {rid: self._req[rid].workload for rid in members if rid in self._req}
         interval = Interval(counts, members, workloads, foreign)
+        self._version += 1
         steps = interval.steps
         self.settled_steps += steps
         if steps <= 0:
             self.unattributed = self.unattributed + counts
             return
-        if not reset:
-            if (obs := interval.acceptance_observation()) is not None:
-                self.model.add(*obs)
-            if (drafted := interval.draft_observation()) is not None:
-                self.drafting.add(*drafted)
         overlapped, shared = interval.overlapped, interval.shared
-        for rid in members:
+        for rid, act in members.items():
             r = self._req.get(rid)
             if r is None:
                 continue
+            r.evidence.add(act)
+            interval.evidence[rid] = r.evidence
+            if act.exact:
+                self._multi.setdefault(r.workload, Evidence()).add(act)
             r.shared = r.shared or shared
             r.overlapped = r.overlapped or overlapped
             r.reset = r.reset or reset
             r.intervals.append(interval)
+        if not reset:
+            if (obs := interval.acceptance_observation()) is not None:
+                self.model.add(*obs)
+            if (drafted := interval.draft_observation(self._workload_multi())) is not None:
+                interval.settled_unknown = drafted[0]
+                self.drafting.add(*drafted)
 
     # -- what the recorder asks ------------------------------------------------------------------------------------
     @property
@@ -158,6 +169,22 @@ class CounterLedger:
     def partial_drafting(self) -> bool:
         fraction = self.draft_fraction
         return fraction is not None and fraction < PARTIAL_DRAFTING_BELOW
+
+    def _models(self) -> tuple[int, dict[str, tuple[float, float]], bool, dict[str, float], dict[str, float]]:
+        """The fitted models as they stand, solved once per state (many requests end between two scrapes)."""
+        if self._params is None or self._params[0] != self._version:
+            partial = self.partial_drafting
+            self._params = (
+                self._version,
+                self.model.coefficients(),
+                partial,
+                self.drafting.rates() if partial else {},
+                self._workload_multi() if partial else {},
+            )
+        return self._params
+
+    def _workload_multi(self) -> dict[str, float]:
+        return {w: e.multi / e.steps for w, e in self._multi.items() if e.steps > 0}
 
     def pending_for(self, rid: str) -> bool:
         """Whether some chunk of ``rid`` still waits for a counter delta."""
@@ -180,15 +207,13 @@ class CounterLedger:
             r.incomplete = True  # some of its steps were never covered by a delta
         if not r.intervals:
             return None
-        coef = self.model.coefficients()
-        partial = self.partial_drafting
-        rates = self.drafting.rates() if partial else {}
+        version, coef, partial, rates, multi = self._models()
         mine = SpecCounts()
         for interval in r.intervals:
             if r.truncated:
                 interval.truncated.add(rid)
-            drafts, draft_tokens = interval.draft_share(rid, rates, partial)
-            accepted, pos = interval.accepted_share(rid, coef)
+            drafts, draft_tokens = interval.draft_share(rid, rates, partial, multi, version)
+            accepted, pos = interval.accepted_share(rid, coef, version)
             mine = mine + SpecCounts(accepted, drafts, draft_tokens, tuple(pos))
         est = SpecEstimate(
             mine,

@@ -50,7 +50,8 @@ class Profile:
     accept: conditional acceptance probability per draft position: position i is accepted with probability
         accept[i] given that position i-1 was. Positions beyond the list repeat the last value minus 0.02 per
         extra position (never below 0.05).
-    ngram_draft_prob: with `spec_method="ngram"`, probability that a decode step finds a match and drafts.
+    ngram_draft_prob: with `spec_method="ngram"`, the mean probability that a decode step finds a match and drafts
+        (each request draws its own around it: engine.py).
     corpus: which built-in text the answer is made of: "code", "ja" (Japanese casual chat) or "en".
     min_output_tokens / max_output_tokens: natural answer length range (uniform, seeded), EOS included.
     """
