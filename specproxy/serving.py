@@ -25,6 +25,8 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from specproxy.core.request_body import Body
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CUT_GRACE_S = 5.0  # how long cut handlers get to end (they end at once: cancellation closes their upstream)
 
@@ -258,28 +260,28 @@ def declared_too_large(request: web.BaseRequest, limit: int) -> Refused | None:
     return None
 
 
-async def read_body(request: web.BaseRequest, *, limit: int, idle_s: float) -> bytes:
-    """The whole request body. Raises :class:`Refused`: 413 at once for a declared length over ``limit`` (nothing
-    read), 413 as soon as a body without one grows over it, 408 (closing) when no byte of it comes for ``idle_s``
-    (between two reads, like nginx's client_body_timeout)."""
+async def read_body(request: web.BaseRequest, *, limit: int, idle_s: float) -> Body:
+    """The whole request body, in the pieces it came in (never copied into one). Raises :class:`Refused`: 413 at
+    once for a declared length over ``limit`` (nothing read), 413 as soon as a body without one grows over it, 408
+    (closing) when no byte of it comes for ``idle_s`` (between two reads, like nginx's client_body_timeout)."""
     refused = declared_too_large(request, limit)
     if refused is not None:
         raise refused
+    body = Body()
     if not request.body_exists:
-        return b""
+        return body
     loop = asyncio.get_running_loop()
-    buf = bytearray()
     try:
         async with asyncio.timeout(idle_s) as deadline:
             while chunk := await request.content.readany():
-                buf += chunk
-                if len(buf) > limit:
+                body.append(chunk)
+                if body.size > limit:
                     raise Refused(413, f"request body over the limit of {limit} bytes")
                 deadline.reschedule(loop.time() + idle_s)
     except TimeoutError:
         log.info("closing a connection whose request body stopped for %g s", idle_s)
         raise Refused(408, f"request body not received: no byte for {idle_s:g} s", True) from None
-    return bytes(buf)
+    return body
 
 
 async def close_after(request: web.BaseRequest, resp: web.StreamResponse) -> web.StreamResponse:

@@ -54,6 +54,9 @@ def test_version() -> None:
         (("sim", "--spec-method", "magic"), "spec_method"),
         (("sim", "--engines", "0"), "engines"),
         (("run", "--target", "http://127.0.0.1:9", "--workload", "klingon_poetry"), "ja_chat"),
+        # the summary reads the records back: a device (an endless read) or a folder is no record file
+        (("run", "--target", "http://127.0.0.1:9", "--workload", "ja_chat", "--out", "/dev/full"), "regular file"),
+        (("run", "--target", "http://127.0.0.1:9", "--workload", "ja_chat", "--out", "/tmp"), "regular file"),
         (("report", "/nonexistent.jsonl"), "/nonexistent.jsonl"),
         (("compare",), "Missing"),
         (("roofline", "--params", "big", "--bytes-per-param", "1", "--bandwidth", "1TB/s"), "params"),

@@ -16,7 +16,7 @@ import pytest
 from specproxy.core.record import read_records
 from tests.proxyutil import proxy_process, running_proxy
 from tests.simutil import CODE_PROMPT, chat_body, running_sim, sim_process, truth
-from tests.upstreams import Script, capture_pieces, start_upstream
+from tests.upstreams import Script, capture_pieces, start_raw_upstream, start_upstream
 
 HAVE_DEV_FULL = os.path.exists("/dev/full")  # writes to it fail with ENOSPC: a full disk on demand
 
@@ -96,6 +96,46 @@ async def test_upstream_reset_mid_stream_is_not_a_clean_finish(tmp_path: Path) -
             assert len(rec["chunks"]) == 9  # role chunk carries no token: 9 content chunks arrived
     finally:
         await up.server.close()
+
+
+@pytest.mark.parametrize("framing", ["chunk size", "HTTP/1.0 body cut"])
+async def test_a_broken_body_ends_the_clients_stream_at_once(tmp_path: Path, framing: str) -> None:
+    """An invalid chunk size mid-stream: aiohttp closes the upstream connection but never wakes the relay's read
+    (its own read timer stopped too), so without the proxy's own sweep the client waits until it gives up. An
+    HTTP/1.0 body that ends with its connection is the contrast: it ends cleanly, and is never cut."""
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    if framing == "chunk size":
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        reply = [head + b"%x\r\n%s\r\n" % (len(event), event), b"zz\r\nboom\r\n"]
+    else:
+        reply = [b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + event, b"data: [DONE]\n\n"]
+    up = await start_raw_upstream(reply, close_after=framing != "chunk size")
+    try:
+        async with (
+            running_proxy(up.url, tmp_path, metrics=False) as px,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=8)) as s,  # a client that gives up
+        ):
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            got = bytearray()
+            if framing == "chunk size":
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    async with s.post(px.url + "/v1/chat/completions", json=chat_body()) as r:
+                        async for piece in r.content.iter_any():
+                            got += piece
+                assert bytes(got) == event
+            else:
+                async with s.post(px.url + "/v1/chat/completions", json=chat_body()) as r:
+                    assert await r.read() == event + b"data: [DONE]\n\n"
+            assert loop.time() - t0 < 10  # the sweep acts within two seconds; a hang lasts until the client quits
+            (rec,) = await _records(px)
+            if framing == "chunk size":
+                assert rec["outcome"] == "upstream_reset", rec
+                assert "before the body ended" in str(rec["error"])
+            else:
+                assert rec["outcome"] == "ok", rec
+    finally:
+        await up.close()
 
 
 async def test_idle_timeout_breaks_the_stream_and_records_timeout(tmp_path: Path) -> None:
@@ -183,6 +223,73 @@ async def test_metrics_hanging_does_not_slow_traffic(tmp_path: Path) -> None:
             assert rec["outcome"] == "ok"
             assert rec["spec"]["source"] in ("chunks", None) or rec["spec"]["estimates"]["counters"] is None
             assert "metrics_unavailable" in rec["flags"]
+
+
+async def test_shutdown_does_not_wait_out_a_hanging_closing_scrape(tmp_path: Path) -> None:
+    """/metrics stops answering while a stream runs, and the proxy is stopped right after it ends: the record is
+    written without its closing scrape within about a second, not after the scrape timeout (docker stop's 10 s
+    allows the drain's 8 s and little more)."""
+    loop = asyncio.get_running_loop()
+    async with running_sim(speed=20.0) as sim, aiohttp.ClientSession() as s:
+        async with running_proxy(sim.url, tmp_path, rec_scrape_timeout_s=30.0, rec_finalize_wait_s=30.0) as px:
+            async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=60)) as r:
+                await r.content.readline()
+                async with s.post(sim.url + "/sim/faults", json={"metrics": "hang"}) as f:
+                    assert f.status == 200
+                await r.read()
+            t0 = loop.time()
+        closed_s = loop.time() - t0
+    (rec,) = [r for r in read_records(tmp_path / "records.jsonl") if r["path"].endswith("/completions")]
+    assert rec["outcome"] == "ok" and rec["completion_tokens"] == 60
+    assert closed_s < 3.0, closed_s
+
+
+async def test_a_bookkeeping_failure_still_writes_the_record(tmp_path: Path) -> None:
+    """A bug in the counter ledger (here: it raises whenever asked for a request's share) costs the request its
+    figures, never its record, and the client's stream is whole."""
+    async with (
+        running_sim(speed=20.0) as sim,
+        running_proxy(sim.url, tmp_path, rec_k=3) as px,
+        aiohttp.ClientSession() as s,
+    ):
+
+        def broken(rid: str) -> None:
+            raise RuntimeError("ledger bug")
+
+        px.recorder.ledger.pop = broken  # type: ignore[method-assign]
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=40)) as r:
+            body = await r.read()
+        assert r.status == 200 and body.rstrip().endswith(b"data: [DONE]")
+        (rec,) = await _records(px)
+        assert rec["outcome"] == "proxy_error" and "ledger bug" in str(rec["error"])
+
+
+async def test_a_failing_scrape_does_not_stop_scraping(tmp_path: Path) -> None:
+    """A bug in what a scrape feeds (here the ledger raises on its first delta) loses that scrape, not the scraper:
+    later scrapes settle, records are written, and the proxy closes cleanly."""
+    async with (
+        running_sim(speed=20.0) as sim,
+        running_proxy(sim.url, tmp_path, rec_k=3) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        ledger = px.recorder.ledger
+        settle, failures = ledger.settle, []
+
+        def settle_once_broken(*args: object, **kwargs: object) -> None:
+            if not failures:
+                failures.append(1)
+                raise RuntimeError("ledger bug")
+            settle(*args, **kwargs)  # type: ignore[arg-type]
+
+        ledger.settle = settle_once_broken  # type: ignore[method-assign]
+        for _ in range(2):
+            async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=40)) as r:
+                assert r.status == 200
+                await r.read()
+        recs = await _records(px)
+        scraper = px.recorder.scraper
+        assert failures and scraper.state.errors >= 1 and ledger.aligned + ledger.time_cut >= 1, scraper.state
+    assert len(recs) == 2 and all(r["outcome"] == "ok" for r in recs)
 
 
 async def test_counter_reset_detected_no_negative_or_inflated(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ without raw bytes, query strings or the upstream's address, in records and in th
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from pathlib import Path
 
@@ -231,3 +232,32 @@ def test_one_line() -> None:
     cut = one_line("x" * 1000, 50)
     assert len(cut) == 50 and cut.endswith("\u2026")
     assert one_line("日本語のエラー") == "日本語のエラー"
+
+
+async def test_a_malformed_request_line_is_logged_in_one_line_without_its_bytes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp logs a request line it cannot parse with a traceback that quotes it, query string and all: an API key
+    in the query would reach the log. The proxy logs one line, without the bytes, and still answers 400."""
+    up = await start_upstream(lambda req, body: Script([b"ok"], headers={"Content-Type": "text/plain"}))
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False) as px:
+            with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+                for line in (
+                    b"GET /v1/models?api_key=SECRET1 HTTP/1.1 junk\r\nHost: x\r\n\r\n",  # junk after the version
+                    b"GET /v1/models?api_key=SECRET2 HTTP/9.9\r\nHost: x\r\n\r\n",  # a version it does not speak
+                    b"G\x01T /v1/models?api_key=SECRET3 HTTP/1.1\r\nHost: x\r\n\r\n",  # not a method
+                    b"GET /v1/models?api_key=SECRET4 HTTP/1.1\r\nBad Header\r\n\r\n",  # a header without a colon
+                ):
+                    answer = await raw_exchange(px.url, line)
+                    assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n", 1)[0], answer[:80]
+    finally:
+        await up.server.close()
+    server = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(server) >= 3, [r.getMessage() for r in server]
+    for r in server:
+        text = r.getMessage()
+        assert "SECRET" not in text and "api_key" not in text and r.exc_info is None and not r.exc_text, text
+        assert text.startswith("unparsable request from ") and "(request bytes not logged)" in text, text
+        assert r.levelno <= logging.WARNING
+    assert "SECRET" not in caplog.text

@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import io
 import zlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -129,6 +130,19 @@ async def test_large_request_body_and_limit(tmp_path: Path) -> None:
             payload = b'{"prompt":"' + b"z" * (15 * 1024 * 1024) + b'"}'
             status, _, _, _ = await fetch(px.url + "/v1/completions", data=io.BytesIO(payload))
             assert status == 200 and up.seen[-1]["body"] == payload
+            # forwarded in the pieces it came in, still with its length: not re-framed as chunked
+            headers = up.seen[-1]["headers"]
+            assert isinstance(headers, dict) and headers.get("Content-Length") == str(len(payload))
+            assert "Transfer-Encoding" not in headers
+
+            # a chunked request body of the same size: forwarded with the length it turned out to have
+            async def chunked() -> AsyncIterator[bytes]:
+                for i in range(0, len(payload), 1 << 20):
+                    yield payload[i : i + (1 << 20)]
+
+            status, _, _, _ = await fetch(px.url + "/v1/completions", data=chunked())
+            assert status == 200 and up.seen[-1]["body"] == payload
+            assert up.seen[-1]["headers"].get("Content-Length") == str(len(payload))  # type: ignore[attr-defined]
             status, _, _, _ = await fetch(px.url + "/v1/completions", data=io.BytesIO(b"z" * (21 * 1024 * 1024)))
             assert status == 413
     finally:

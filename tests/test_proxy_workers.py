@@ -64,6 +64,11 @@ async def _until_ready(s: aiohttp.ClientSession, url: str, relays: int) -> dict[
     raise AssertionError(f"never ready: {st}")
 
 
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
 async def test_two_relays_one_port_every_record_and_acceptance_close_to_truth(tmp_path: Path) -> None:
     """240 mixed requests at concurrency 32 through two relays, counters only (no usage): every request is recorded
     once, both relays served, and per-workload acceptance is within 3 points of the simulator's counters."""
@@ -75,6 +80,9 @@ async def test_two_relays_one_port_every_record_and_acceptance_close_to_truth(tm
             st = await _until_ready(s, url, max(1, int(os.environ.get("W", "2"))))
             pids = [st["bookkeeping"]["pid"], *st["bookkeeping"]["relay_pids"]]
             assert proc.pid not in pids and len(set(pids)) == 3
+            # named for ps and top, and for the bench's CPU split by role
+            names = [_comm(p) for p in pids]
+            assert names[0] == "sp-bookkeeper" and sorted(names[1:]) == ["sp-relay-0", "sp-relay-1"]
             sem = asyncio.Semaphore(32)
 
             async def one(workload: str, prompt: str) -> str:

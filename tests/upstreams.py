@@ -112,7 +112,10 @@ class RawUpstream:
 OK_REPLY = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 
 
-async def start_raw_upstream(reply: bytes = OK_REPLY) -> RawUpstream:
+async def start_raw_upstream(reply: bytes | list[bytes] = OK_REPLY, *, close_after: bool = False) -> RawUpstream:
+    """``reply``: its bytes, or pieces written 50 ms apart (each its own read); ``close_after``: close the
+    connection after the reply (a body delimited by the close, as in HTTP/1.0)."""
+    pieces = reply if isinstance(reply, list) else [reply]
     lines: list[bytes] = []
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -124,8 +127,13 @@ async def start_raw_upstream(reply: bytes = OK_REPLY) -> RawUpstream:
                     name, _, value = field_line.partition(b":")
                     if name.strip().lower() == b"content-length":
                         await reader.readexactly(int(value))
-                writer.write(reply)
-                await writer.drain()
+                for i, piece in enumerate(pieces):
+                    if i:
+                        await asyncio.sleep(0.05)
+                    writer.write(piece)
+                    await writer.drain()
+                if close_after:
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

@@ -79,14 +79,15 @@ def register(app: typer.Typer) -> None:
             fail(str(e.args[0]), EXIT_FAILURE)
         except vllm_cpu.SetupError as e:
             fail(str(e), EXIT_FAILURE)
-        typer.echo(f"{eng.url} (model {vllm_cpu.SERVED_NAME}, pid {eng.pid}, log {eng.log_path})")
         stop = threading.Event()
 
         def _on_signal(signum: int, frame: FrameType | None) -> None:
             stop.set()
 
+        # before the URL goes out: whoever reads it may stop us at once, and must get a clean stop (exit 0)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _on_signal)
+        typer.echo(f"{eng.url} (model {vllm_cpu.SERVED_NAME}, pid {eng.pid}, log {eng.log_path})")
         while not stop.is_set() and eng.proc.poll() is None:
             stop.wait(0.5)
         died = eng.proc.poll() is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
@@ -59,7 +60,10 @@ def _metrics(value: str, target: str) -> str | None:
 
 
 def _writable(path: Path) -> None:
-    """Fail now, before any request, if the record file cannot be written; leave no empty file behind."""
+    """Fail now, before any request, if the record file cannot be written; leave no empty file behind. It must be a
+    file, or /dev/null: the summary reads the run's records back (a device such as /dev/full would be read forever)."""
+    if path.exists() and not path.is_file() and str(path.resolve()) != os.devnull:  # /dev/null: no records kept
+        fail(f"cannot write records to {path}: not a regular file (the run's summary reads its records back)")
     try:
         existed = path.exists()
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from specproxy.core.headers import CLIENT_KEEPALIVE_S
 from specproxy.core.prom import MetricsParseError, detect_engine, parse_snapshot, spec_counters
 
 
@@ -32,7 +33,7 @@ class Target:
     def session(self) -> aiohttp.ClientSession:
         # No connection cap (aiohttp's default of 100 would cap concurrency) and no total timeout (long generations).
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=self.connect_timeout_s, sock_read=self.idle_timeout_s
             ),

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from specproxy.core.request_body import SCAN_BYTES
+from specproxy.core.request_body import SCAN_BYTES, Body
 from specproxy.proxy.events import (
     BEGIN,
     CHUNK,
@@ -149,7 +149,7 @@ class EventLink:
         return len(self._buf) + self._buffered()
 
     # -- per request (the hot path) ----------------------------------------------------------------------------------
-    def begin(self, method: str, path: str, headers: Any, workload_header: str | None, body: bytes) -> Relayed:
+    def begin(self, method: str, path: str, headers: Any, workload_header: str | None, whole: Body) -> Relayed:
         self._seq = seq = (self._seq + 1) & 0xFFFFFFFF
         r = Relayed(seq, time.perf_counter_ns())
         self.in_flight += 1
@@ -161,7 +161,7 @@ class EventLink:
         if backlog > self.hard_bytes:
             r.lost = True
             return r
-        size = len(body)
+        size = whole.size
         doc: dict[str, Any] = {
             "rid": r.request_id,
             "m": method,
@@ -172,13 +172,15 @@ class EventLink:
             "size": size,
         }
         if size > self.capture_max_bytes:
-            body = body[:SCAN_BYTES]  # the bookkeeper reads model and stream from its head, no more
+            body = whole.head(SCAN_BYTES)  # the bookkeeper reads model and stream from its head, no more
         elif (backlog + size > self.soft_bytes or self.congested) and size > SCAN_BYTES:
-            body = body[:SCAN_BYTES]
+            body = whole.head(SCAN_BYTES)
             doc["shed"] = True
             r.shed = True
             self.shed["body"] += 1
             self.shed_requests += 1
+        else:
+            body = whole.whole()  # at most --capture-max-bytes (1 MB by default): a copy the loop can afford
         self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
         return r
 

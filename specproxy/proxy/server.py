@@ -26,11 +26,11 @@ the front door, stopping) is in :mod:`specproxy.serving`.
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,11 +42,14 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from specproxy.core.errors import one_line
-from specproxy.core.headers import REQUEST_ID_HEADER, WORKLOAD_HEADER
+from specproxy.core.headers import CLIENT_KEEPALIVE_S, REQUEST_ID_HEADER, WORKLOAD_HEADER
+from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig
 from specproxy.proxy.link import EventLink, Relayed
+from specproxy.proxy.stalled import StalledReads
 from specproxy.recorder.recorder import Recorder
+from specproxy.server_log import quiet_bad_requests
 from specproxy.serving import (
     Cut,
     InFlight,
@@ -89,6 +92,7 @@ BOOKKEEPER = web.AppKey("bookkeeper", Bookkeeper)
 LINK = web.AppKey("link", EventLink)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
+STALLED = web.AppKey("stalled", StalledReads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,17 +238,25 @@ def _is_connect_timeout(e: TimeoutError) -> bool:
 
 
 async def _relay(
-    request: web.Request, cfg: ProxyConfig, target: str, body: bytes, relayed: Relayed
+    request: web.Request, cfg: ProxyConfig, target: str, body: Body, relayed: Relayed
 ) -> tuple[web.StreamResponse, str, str | None]:
     session = request.app[SESSION]
     rid = relayed.request_id
+    headers = _forward_request_headers(request)
+    data: Any = None
+    if body.size > LARGE_BODY:
+        # Forwarded in the pieces it came in, with its length: joining tens of megabytes, or writing them in one
+        # call, would stall the loop (aiohttp warns of bytes over 1 MiB for the same reason).
+        headers["Content-Length"] = str(body.size)
+        data = _pieces(body.pieces())
+    elif body.size:
+        data = body.whole()
     try:
         upstream = await session.request(
             request.method,
             request.app[UPSTREAM].url(target),
-            headers=_forward_request_headers(request),
-            # large bodies as a file object: aiohttp warns that raw bytes over 1 MiB may block the loop
-            data=(io.BytesIO(body) if len(body) > 1024 * 1024 else body) if body else None,
+            headers=headers,
+            data=data,
             allow_redirects=False,
         )
     except aiohttp.ClientConnectorError as e:
@@ -277,6 +289,14 @@ async def _relay(
             upstream.close()  # cut one still streaming (client gone, upstream broke): the engine aborts it
 
 
+LARGE_BODY = 1024 * 1024
+
+
+async def _pieces(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    for p in pieces:
+        yield p
+
+
 async def _relay_body(
     request: web.Request, cfg: ProxyConfig, upstream: aiohttp.ClientResponse, relayed: Relayed
 ) -> tuple[web.StreamResponse, str, str | None]:
@@ -302,6 +322,8 @@ async def _relay_body(
         outcome, error = "upstream_error", f"HTTP {upstream.status}"
     perf = time.perf_counter_ns
     chunk = link.chunk
+    stalled = request.app[STALLED]
+    stalled.watch(upstream)  # aiohttp may never wake this read when the body's framing breaks
     try:
         async for data in upstream.content.iter_any():
             t = perf()
@@ -324,6 +346,8 @@ async def _relay_body(
         return resp, "timeout", f"upstream idle-read timeout: no byte within {cfg.idle_timeout_s:g} s mid-response"
     except ConnectionResetError:
         return resp, "client_cancelled", "client disconnected"
+    finally:
+        stalled.forget(upstream)
     try:
         await resp.write_eof()
     except ConnectionResetError:
@@ -360,10 +384,12 @@ _OWN = {"/specproxy/metrics": own_endpoint, "/specproxy/status": own_endpoint}
 def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.Application:
     """The relay. ``channel``: a connected Unix socket to a bookkeeper process; None: a bookkeeper on this loop,
     fed through the same events (library use, tests)."""
+    quiet_bad_requests()  # a malformed request line is logged in one line, without its bytes (API keys in queries)
     app = web.Application(client_max_size=cfg.max_body_bytes, handler_args={"max_field_size": 65536})
     app[CONFIG] = cfg
     app[UPSTREAM] = Upstream.parse(cfg.upstream)
     app[IN_FLIGHT] = InFlight()
+    app[STALLED] = stalled = StalledReads()
     app[LINK] = link = EventLink(
         soft_bytes=cfg.bookkeeping_buffer_bytes,
         hard_bytes=2 * cfg.bookkeeping_buffer_bytes,
@@ -375,6 +401,7 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
         session = upstream_session(cfg)
         app[SESSION] = session
         keeper: Bookkeeper | None = None
+        sweeper = asyncio.create_task(stalled.run())
         try:
             if channel is None:
                 keeper = Bookkeeper.create(cfg, session)
@@ -386,6 +413,8 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
                 await link.attach_socket(channel)
             yield
         finally:
+            sweeper.cancel()
+            await asyncio.wait([sweeper])  # ends at its next await: it holds nothing to clean up
             await link.close()
             if keeper is not None:
                 await keeper.close()
@@ -400,7 +429,7 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
 
 def upstream_session(cfg: ProxyConfig) -> aiohttp.ClientSession:
     """The client session to the upstream (and its /metrics): no connection cap, no total timeout, bytes as sent."""
-    connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0)
+    connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()

@@ -32,6 +32,7 @@ import uvloop
 
 from specproxy.proxy.bookkeeper import Bookkeeper, Connection
 from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.names import BOOKKEEPER, RELAY_PREFIX
 from specproxy.proxy.server import start_proxy, upstream_session
 from specproxy.serving import Cut, stop_signals
 
@@ -69,7 +70,15 @@ class Ended:
 # --- the children ------------------------------------------------------------------------------------------------
 
 
-def _fork(main: Callable[[], Coroutine[Any, Any, int]], keep: list[socket.socket], owned: list[socket.socket]) -> int:
+def _name_process(name: str) -> None:
+    """The name ``ps -o comm``, ``top`` and ``/proc/PID/stat`` show for this process (15 bytes at most, Linux)."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+        f.write(name[:15])
+
+
+def _fork(
+    name: str, main: Callable[[], Coroutine[Any, Any, int]], keep: list[socket.socket], owned: list[socket.socket]
+) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -77,6 +86,7 @@ def _fork(main: Callable[[], Coroutine[Any, Any, int]], keep: list[socket.socket
         return pid
     code = 1
     try:
+        _name_process(name)
         for s in owned:  # every other process's ends: EOF must reach their owners when those die
             if s not in keep:
                 s.close()
@@ -223,13 +233,18 @@ def start(cfg: ProxyConfig, workers: int) -> tuple[list[_Child], socket.socket]:
     children = [
         _Child(
             "bookkeeper",
-            _fork(lambda: _bookkeeper_main(cfg, keeper_ends, controls[0][1]), [*keeper_ends, controls[0][1]], owned),
+            _fork(
+                BOOKKEEPER,
+                lambda: _bookkeeper_main(cfg, keeper_ends, controls[0][1]),
+                [*keeper_ends, controls[0][1]],
+                owned,
+            ),
             controls[0][0],
         )
     ]
     for i in range(workers):
         relay_end, control = channels[i][0], controls[i + 1][1]
-        pid = _fork(lambda: _relay_main(cfg, relay_end, control), [relay_end, control], owned)  # noqa: B023
+        pid = _fork(f"{RELAY_PREFIX}{i}", lambda: _relay_main(cfg, relay_end, control), [relay_end, control], owned)  # noqa: B023
         children.append(_Child("relay", pid, controls[i + 1][0]))
     mine = {id(c.control) for c in children}
     for s in owned:

@@ -39,6 +39,7 @@ from specproxy.recorder.trace import RequestMeta, Trace
 log = logging.getLogger("specproxy.recorder")
 
 ZERO_ACCEPTANCE_MIN_DRAFT_TOKENS = 100
+CLOSE_SCRAPE_WAIT_S = 1.0  # at shutdown, how long pending records wait for their closing scrape
 
 
 class Recorder:
@@ -150,7 +151,8 @@ class Recorder:
                 rec["flags"].append("server_tokenize_failed")
         except Exception as e:  # bookkeeping must never lose the record: write what is known
             log.exception("building the record of %s failed", rid)
-            self.ledger.pop(rid)
+            with contextlib.suppress(Exception):  # the ledger may be what failed: forget the request all the same
+                self.ledger.pop(rid)
             rec = self._minimal_record(trace, "proxy_error" if outcome == "ok" else outcome, f"{error or ''} {e}")
         self.sink.put(rec)
         try:
@@ -369,12 +371,16 @@ class Recorder:
             self._calibrated.set()
 
     async def close(self) -> None:
-        """Finish every pending record (their closing scrapes included), then flush the sink."""
+        """Finish every pending record, then flush the sink. A closing scrape gets :data:`CLOSE_SCRAPE_WAIT_S`: one
+        that has not answered by then (a hanging ``/metrics``) is abandoned, and its records are written without
+        it, so that shutdown stays within what ``docker stop`` or Kubernetes allow after the drain."""
         self._calibrated.set()  # records held for the acceptance model take it as it stands
         await self.engine.close()
         if self._finalizers:
+            await asyncio.wait(list(self._finalizers), timeout=CLOSE_SCRAPE_WAIT_S)
+        await self.scraper.close()  # waiting finalizers get "no scrape" and write what is known
+        if self._finalizers:
             await asyncio.gather(*list(self._finalizers), return_exceptions=True)
-        await self.scraper.close()
         await self.sink.close()
 
 

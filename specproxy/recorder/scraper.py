@@ -147,10 +147,16 @@ class Scraper:
                 await asyncio.sleep(gap)
             self._last_start = time.monotonic()
             waiters, self._waiters = self._waiters, []
-            ok = await self._scrape_once()
-            for w in waiters:
-                if not w.done():
-                    w.set_result(ok)
+            ok = False
+            try:
+                ok = await self._scrape_once()
+            except Exception as e:  # a bug of ours (the ledger, a parser): this scrape is lost, scraping goes on
+                log.exception("scrape of %s: bookkeeping failed", self.url)
+                self._error(f"{type(e).__name__}: {e}")
+            finally:  # also when close() cancels a scrape in flight: its waiters hear "no scrape" at once
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(ok)
         for w in self._waiters:
             if not w.done():
                 w.set_result(False)
@@ -254,8 +260,12 @@ class Scraper:
         self._active.set()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # it had died of a bug: closing must still let the records be written
+                log.exception("the scraper of %s had stopped on an error", self.url)
         for w in self._waiters:
             if not w.done():
                 w.set_result(False)
