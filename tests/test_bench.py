@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,6 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from specproxy.bench.procs import nginx_path, python_child, spawn_client
 from specproxy.bench.wire import StampScan, event
+from specproxy.core.prom import SpecCounters, detect_engine, parse_snapshot, spec_counters
+from tests.proxyutil import running_proxy
 
 
 def test_stamps_survive_any_split() -> None:
@@ -104,7 +107,7 @@ def _bench(*args: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.slow
 def test_bench_side_by_side_at_a_tiny_scale() -> None:
     r = _bench("--streams", "3", "--tokens", "8", "--steps-per-s", "50", "--saturation-streams", "2",
-               "--saturation-tokens", "200", "--workers", "2")  # fmt: skip
+               "--saturation-tokens", "200", "--workers", "2", "--floors")  # fmt: skip
     (level,) = r["levels"]
     assert level["streams"] == 3
     names = [row["relay"] for row in level["rows"]]
@@ -122,9 +125,17 @@ def test_bench_side_by_side_at_a_tiny_scale() -> None:
         if row["relay"] != "direct":
             assert row["added_p50_ms"] > -0.5  # a relay cannot make events arrive sooner (beyond noise)
             assert row["cpu_ms_per_1000"] >= 0 and row["rss_peak_mb"] > 1
+    assert names[-2:] == ["floor: aiohttp pass-through", "floor: uvloop TCP splice"]
     sat = r["saturation"]
     assert [s["relay"] for s in sat] == names
     assert all(s["events"] == s["expected"] == 400 for s in sat)
+    for s in sat:  # the CPU split by role: specproxy's relay and bookkeeping processes, none for the others
+        split = s["relay_only_cpu_ms_per_1000"], s["bookkeeping_cpu_ms_per_1000"]
+        if s["relay"].startswith("specproxy --workers"):
+            tick = 0.01 * 1e6 / s["events"]  # one clock tick, in ms per 1,000 events: the two reads are not atomic
+            assert all(x is not None and x >= 0 for x in split) and sum(split) <= s["cpu_ms_per_1000"] + 2 * tick
+        else:
+            assert split == (None, None)
     assert r["client_capacity"]["chunks_per_s_per_process"] > 0
     assert all(isinstance(t["pass"], bool) for t in r["targets"])
 
@@ -143,3 +154,48 @@ def test_bench_hostile_inputs_get_answers() -> None:
         assert row["answered"], row
     body = rows["60 MB JSON body of tiny elements"]
     assert body["status"] in ("200", "400", "413")
+
+
+@pytest.mark.slow
+def test_soak_records_every_request_with_the_outcome_the_client_saw() -> None:
+    """A short soak: streams through the proxy with client cancels and upstream resets (TCP RST); every request has
+    exactly one record, with the outcome the client saw, and RSS was sampled throughout."""
+    # the soak's seed (0) draws a cancel (2nd request) and a reset (7th) among the first 8, which start at once
+    r = _bench("--soak", "6", "--soak-streams", "8", "--steps-per-s", "50")
+    client = r["client_outcomes"]
+    assert r["requests"] == sum(client.values()) > 8
+    assert client.get("cancelled", 0) > 0 and client.get("reset", 0) > 0 and client.get("ok", 0) > 0, client
+    assert set(client) <= {"ok", "cancelled", "reset"}, client  # nothing broke that was not meant to
+    assert r["records"] == r["requests"] and r["every_request_one_record"] and r["outcomes_match"], r
+    assert len(r["rss_samples"]) >= 5 and all(mb > 1 for _, mb in r["rss_samples"])
+    assert isinstance(r["flat"], bool)
+
+
+async def test_the_upstream_counts_what_vllm_would_and_the_proxy_attributes_it(tmp_path: Path) -> None:
+    """The bench's upstream moves vLLM's speculative counters with the events it sends, so a bench through the proxy
+    pays for attribution as in front of vLLM: a request alone gets exactly the counters' figures."""
+    async with (
+        python_child("-m", "specproxy.bench.upstream", "--steps-per-s", "200", url_on="stdout") as up,
+        running_proxy(up.url, tmp_path) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        before = await _spec(s, up.url)
+        body = {"model": "bench", "stream": True, "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
+        async with s.post(px.url + "/v1/chat/completions", json=body) as r:
+            text = (await r.read()).decode()
+        after = await _spec(s, up.url)
+        await px.flush()
+        (rec,) = px.records()
+    tokens = text.count("tok ")
+    assert after.generation_tokens - before.generation_tokens == tokens > 9  # some steps brought several tokens
+    assert after.drafts - before.drafts == after.decode_steps - before.decode_steps == 8  # every event but the first
+    assert after.draft_tokens - before.draft_tokens == 8 * 3
+    accepted = after.accepted - before.accepted
+    assert accepted == tokens - 9 and accepted == sum(after.per_position) - sum(before.per_position)
+    assert rec["spec"]["drafts"] == 8 and rec["spec"]["accepted"] == accepted, rec["spec"]
+
+
+async def _spec(s: aiohttp.ClientSession, url: str) -> SpecCounters:
+    async with s.get(url + "/metrics") as r:
+        snap = parse_snapshot(await r.text())
+    return spec_counters(detect_engine(snap), snap.values)

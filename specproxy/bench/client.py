@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from specproxy.bench.procs import write_result
 from specproxy.bench.wire import StampScan, now_ns
 
 
@@ -140,7 +141,7 @@ def main() -> None:
     import uvloop
 
     out = uvloop.run(run(json.loads(sys.argv[1])))
-    sys.stdout.write(json.dumps(out))
+    write_result(json.dumps(out).encode())
 
 
 if __name__ == "__main__":

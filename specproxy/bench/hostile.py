@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from specproxy.bench.procs import Child, StartError, python_child, spawn_client, tree_rss_bytes
+from specproxy.bench.procs import Child, StartError, client_result, python_child, spawn_client, tree_rss_bytes
 from specproxy.bench.run import BenchConfig, proxy_has_workers, raise_nofile
 
 GAP_LIMIT_MS = 50.0
@@ -153,7 +153,7 @@ async def _case(case: Case, cfg: BenchConfig, upstream: str, px: Child | StartEr
             except (TimeoutError, aiohttp.ClientError) as e:
                 row["status"] = f"no answer ({type(e).__name__})"
         row["hostile_s"] = time.monotonic() - t0
-    out = json.loads(await client)
+    out = client_result(await client, case.name)
     done.set()
     await sampler
     prox, direct = out["targets"]

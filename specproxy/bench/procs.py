@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -19,18 +20,28 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from specproxy.proxy.names import BOOKKEEPER, RELAY_PREFIX
 
 _URL = re.compile(rb"(http://[\d.]+:\d+)")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat(pid: int) -> list[str] | None:
+def _named_stat(pid: int) -> tuple[str, list[str]] | None:
+    """The process's name and the fields of ``/proc/PID/stat`` after it."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces: split after it
-    except (OSError, IndexError):
+            head, sep, rest = f.read().rpartition(")")  # the command name may hold spaces: split after it
+    except OSError:
         return None
+    return (head.partition("(")[2], rest.split()) if sep else None
+
+
+def _stat(pid: int) -> list[str] | None:
+    named = _named_stat(pid)
+    return named[1] if named is not None else None
 
 
 def tree(root: int) -> list[int]:
@@ -57,6 +68,22 @@ def tree_cpu_s(root: int) -> float:
         if st is not None:
             ticks += sum(int(x) for x in st[11:15])
     return ticks / _TICK
+
+
+def tree_cpu_by_role(root: int) -> dict[str, float]:
+    """Live processes' user + system seconds by role: specproxy names its children (:mod:`specproxy.proxy.names`)
+    ``relay`` and ``bookkeeping``; everything else of the tree is ``other``; ``named`` counts the processes that had
+    a role."""
+    out = {"relay": 0.0, "bookkeeping": 0.0, "other": 0.0, "named": 0.0}
+    for pid in tree(root):
+        named = _named_stat(pid)
+        if named is None:
+            continue
+        comm, st = named
+        role = "relay" if comm.startswith(RELAY_PREFIX) else "bookkeeping" if comm == BOOKKEEPER else "other"
+        out["named"] += role != "other"
+        out[role] += sum(int(x) for x in st[11:13]) / _TICK
+    return out
 
 
 def tree_rss_bytes(root: int) -> int:
@@ -134,12 +161,14 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
             await proc.wait()
 
 
-async def spawn_client(spec: str, flowing: asyncio.Event | None = None) -> bytes:
+async def spawn_client(
+    spec: str, flowing: asyncio.Event | None = None, module: str = "specproxy.bench.client"
+) -> bytes:
     """One client process; its JSON result. ``flowing`` is set once every stream has its first event."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "specproxy.bench.client",
+        module,
         spec,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -242,3 +271,30 @@ async def nginx(binary: str, upstream_url: str, workers: int = 1) -> AsyncIterat
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+def client_result(out: bytes, who: str) -> dict[str, Any]:
+    """A client process's JSON result; StartError (one line) when it is not a JSON object. The bytes are kept in the
+    temp folder to look at."""
+    try:
+        doc = json.loads(out)
+    except ValueError as e:
+        Path(tempfile.gettempdir(), "specproxy-bench-client-output.json").write_bytes(out)
+        raise StartError(
+            f"the bench client's result through {who} is not JSON ({e}); kept in the temp folder"
+        ) from None
+    if not isinstance(doc, dict):
+        raise StartError(f"the bench client's result through {who} is not a JSON object")
+    return doc
+
+
+def write_result(doc: bytes) -> None:
+    """A client process's result, whole, on stdout. The pipe the bench reads may be non-blocking (the event loop's
+    subprocess pipes are): a large result written through ``sys.stdout`` could then stop short of its end while the
+    bench is busy, so the descriptor is made blocking and written to the end."""
+    fd = sys.stdout.fileno()
+    sys.stdout.flush()
+    os.set_blocking(fd, True)
+    view = memoryview(doc)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -63,6 +63,7 @@ def render_levels(result: dict[str, Any]) -> str:
         "TTFT p50",
         "TTFT added",
         "CPU ms/1k",
+        "relay ms/1k",
         "KiB/stream",
     ]
     for level in result["levels"]:
@@ -77,6 +78,7 @@ def render_levels(result: dict[str, Any]) -> str:
                 _f(r["ttft_p50_ms"]),
                 _f(r.get("ttft_added_ms"), signed=True) if r["relay"] != "direct" else "",
                 _f(r["cpu_ms_per_1000"], "{:.1f}"),
+                _f(r.get("relay_only_cpu_ms_per_1000"), "{:.1f}"),
                 _f(r["mem_per_stream_kib"], "{:.1f}"),
             ]
             for r in level["rows"]
@@ -93,13 +95,29 @@ def render_levels(result: dict[str, Any]) -> str:
                 _f(r["chunks_per_cpu_s"], "{:,.0f}"),
                 _f(r["cpu_ms_per_1000"], "{:.1f}"),
                 _f(r.get("cpu_vs_nginx"), "{:.2f}x"),
+                _f(r.get("relay_only_cpu_ms_per_1000"), "{:.1f}"),
+                _f(r.get("bookkeeping_cpu_ms_per_1000"), "{:.1f}"),
+                _f(r.get("relay_only_vs_nginx"), "{:.2f}x"),
             ]
             for r in sat
         ]
         out += [
             "",
             f"saturation: {s0['streams']} streams, unpaced upstream (relay CPU: its whole process tree)",
-            *_table(["", "events", "chunks/s", "chunks/s per core", "CPU ms/1k", "CPU vs nginx"], rows),
+            *_table(
+                [
+                    "",
+                    "events",
+                    "chunks/s",
+                    "chunks/s per core",
+                    "CPU ms/1k",
+                    "CPU vs nginx",
+                    "relay ms/1k",
+                    "bookkeeping ms/1k",
+                    "relay vs nginx",
+                ],
+                rows,
+            ),
         ]
     cap = result["client_capacity"]
     out += [

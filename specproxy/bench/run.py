@@ -20,7 +20,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specproxy.bench.procs import Child, nginx, nginx_path, python_child, spawn_client, tree_cpu_s, tree_rss_bytes
+from specproxy.bench.procs import (
+    Child,
+    client_result,
+    nginx,
+    nginx_path,
+    python_child,
+    spawn_client,
+    tree_cpu_by_role,
+    tree_cpu_s,
+    tree_rss_bytes,
+)
 from specproxy.core.stats import percentile
 
 SATURATED_MS = 5.0  # direct's own p50 transit past this: the load, not the relay, sets the figures
@@ -38,6 +48,7 @@ class BenchConfig:
     saturation_tokens: int = 1000
     use_nginx: bool = True
     hostile_streams: int = 64
+    floors: bool = False  # also the two reference relays of bench/floors.py (uvloop TCP splice, aiohttp pass-through)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +103,7 @@ async def measure(relay: Relay, targets_streams: int, tokens: int, rate: float, 
     ]
     rss0 = tree_rss_bytes(relay.pid) if relay.pid else 0
     cpu0 = tree_cpu_s(relay.pid) if relay.pid else 0.0
+    roles0 = tree_cpu_by_role(relay.pid) if relay.pid else {}
     peak = rss0
     done = asyncio.Event()
 
@@ -103,10 +115,13 @@ async def measure(relay: Relay, targets_streams: int, tokens: int, rate: float, 
                 await asyncio.wait_for(done.wait(), 0.05)
 
     sampler = asyncio.create_task(sample())
-    outs = [json.loads(o) for o in await asyncio.gather(*(spawn_client(s) for s in specs))]
+    outs = [client_result(o, relay.name) for o in await asyncio.gather(*(spawn_client(s) for s in specs))]
     done.set()
     await sampler
     cpu = tree_cpu_s(relay.pid) - cpu0 if relay.pid else None
+    after = tree_cpu_by_role(relay.pid) if relay.pid else {}
+    roles = {k: v - roles0[k] for k, v in after.items()}
+    relay_cpu = roles["relay"] if after.get("named") else None  # a proxy that names its processes
     parts = [o["targets"][0] for o in outs]
     lat = sorted(x for p in parts for x in p["lat_us"])
     ttft = sorted(x for p in parts for x in p["ttft_us"])
@@ -140,6 +155,11 @@ async def measure(relay: Relay, targets_streams: int, tokens: int, rate: float, 
         "relay_cpu_s": cpu,
         "cpu_ms_per_1000": cpu * 1e6 / events if cpu is not None and events else None,
         "chunks_per_cpu_s": events / cpu if cpu else None,
+        # specproxy with --workers: the relay processes alone, and the bookkeeping process
+        "relay_only_cpu_ms_per_1000": relay_cpu * 1e6 / events if relay_cpu is not None and events else None,
+        "bookkeeping_cpu_ms_per_1000": roles["bookkeeping"] * 1e6 / events
+        if relay_cpu is not None and events
+        else None,
         "rss_base_mb": rss0 / 2**20 if relay.pid else None,
         "rss_peak_mb": peak / 2**20 if relay.pid else None,
         "mem_per_stream_kib": (peak - rss0) / 1024 / targets_streams if relay.pid else None,
@@ -191,11 +211,17 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
             )
             for i, (_, extra) in enumerate(variants)
         ]
+        names = [name for name, _ in variants]
         if binary is not None:
             starts.append(stack.enter_async_context(nginx(binary, upstream.url)))
-        names = [name for name, _ in variants] + ["nginx (1 worker)"]
+            names.append("nginx (1 worker)")
+        if cfg.floors:
+            for kind, name in (("aiohttp", "floor: aiohttp pass-through"), ("splice", "floor: uvloop TCP splice")):
+                floor = python_child("-m", "specproxy.bench.floors", kind, "--upstream", upstream.url)
+                starts.append(stack.enter_async_context(floor))
+                names.append(name)
         children = await asyncio.gather(*starts)  # all at once: startup is most of a short run's time
-        rows += [Relay(name, c.url, c.pid) for name, c in zip(names, children, strict=False)]
+        rows += [Relay(name, c.url, c.pid) for name, c in zip(names, children, strict=True)]
         yield rows
 
 
@@ -226,12 +252,14 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
                 saturation.append(await measure(r, cfg.saturation_streams, cfg.saturation_tokens, 0.0, cfg.clients))
     direct_sat = saturation[0]
     for row in saturation[1:]:
-        row["cpu_vs_nginx"] = None
+        row["cpu_vs_nginx"] = row["relay_only_vs_nginx"] = None
     ng = next((r for r in saturation if r["relay"].startswith("nginx")), None)
     if ng and ng["cpu_ms_per_1000"]:
         for row in saturation[1:]:
             if row["cpu_ms_per_1000"] is not None:
                 row["cpu_vs_nginx"] = row["cpu_ms_per_1000"] / ng["cpu_ms_per_1000"]
+            if row["relay_only_cpu_ms_per_1000"] is not None:
+                row["relay_only_vs_nginx"] = row["relay_only_cpu_ms_per_1000"] / ng["cpu_ms_per_1000"]
     cap = direct_sat["client_chunks_per_s_per_process"]
     return {
         "config": asdict(cfg),
@@ -274,7 +302,9 @@ def targets(levels: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> l
                     64.0,
                 )
     if spec and spec[0]["cpu_vs_nginx"] is not None:
-        add(f"{spec[0]['relay']}: CPU per chunk / nginx's", spec[0]["cpu_vs_nginx"], 1.0)
+        add(f"{spec[0]['relay']}: CPU per chunk / nginx's (all processes)", spec[0]["cpu_vs_nginx"], 1.0)
+    if spec and spec[0].get("relay_only_vs_nginx") is not None:
+        add(f"{spec[0]['relay']}: CPU per chunk / nginx's (the relay process)", spec[0]["relay_only_vs_nginx"], 1.0)
     if len(spec) == 2 and spec[0]["chunks_per_s"] and spec[1]["chunks_per_s"] is not None:
         add(
             f"{spec[1]['relay']} / --workers 1: chunks/s at saturation",

@@ -6,8 +6,13 @@ writes every stream's events on an absolute schedule (``start + i / rate``, each
 catch up); at rate 0 it writes as fast as each client reads (a static upstream, for saturation). Routes:
 
 - ``POST /v1/chat/completions``: ``max_tokens`` events (``stream: true``) or one small JSON answer; any body size is
-  read and discarded; ``bench_steps_per_s`` in the body overrides the rate;
-- ``GET /metrics``: a small vLLM-like exposition; ``GET /metrics-big``: 12 MB of unrelated metrics.
+  read and discarded; ``bench_steps_per_s`` in the body overrides the rate; ``bench_reset_after: N`` resets the
+  connection (TCP RST) after N events;
+- ``GET /metrics``: vLLM's speculative-decoding counters, moving with the events sent (so the proxy's bookkeeping
+  attributes them as it would in front of vLLM); ``GET /metrics-big``: 12 MB of unrelated metrics.
+
+Each stream's first event is its prefill; every later one is a decode step that drafted :data:`K` tokens and brought
+1, 2, 1 or 3 tokens in turn (``"tok "`` repeated), so a quarter of the draft tokens are accepted.
 """
 
 from __future__ import annotations
@@ -18,15 +23,61 @@ import contextlib
 import heapq
 import itertools
 import json
+import socket
+import struct
 import sys
 
 from specproxy.bench.wire import DONE, LAST_CHUNK, SSE_HEAD, chunk, event, now_ns
 
 HIGH_WATER = 256 * 1024  # a reader this far behind gets no more events until it catches up (rate 0)
-SMALL_METRICS = (
-    b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="bench"} 0.0\n'
-    b'# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{model_name="bench"} 0.0\n'
-)
+K = 3  # draft tokens per decode step
+_STEP_TOKENS = (1, 2, 1, 3)  # tokens a decode step brings, in turn
+
+
+class Counters:
+    """What vLLM would count for the events sent so far."""
+
+    __slots__ = ("accepted", "drafts", "generation", "per_position", "prefills", "running", "steps")
+
+    def __init__(self) -> None:
+        self.prefills = self.steps = self.drafts = self.accepted = self.generation = self.running = 0
+        self.per_position = [0] * K
+
+    def sent(self, first: bool, tokens: int) -> None:
+        self.generation += tokens
+        if first:
+            self.prefills += 1
+            return
+        self.steps += 1
+        self.drafts += 1
+        self.accepted += tokens - 1
+        for i in range(tokens - 1):
+            self.per_position[i] += 1
+
+    def exposition(self) -> bytes:
+        lab = 'engine="0",model_name="bench"'
+        lines = [
+            f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{lab}}} {self.running}.0",
+            f"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{lab}}} {self.generation}.0",
+            f"# TYPE vllm:spec_decode_num_drafts_total counter\nvllm:spec_decode_num_drafts_total{{{lab}}} "
+            f"{self.drafts}.0",
+            f"# TYPE vllm:spec_decode_num_draft_tokens_total counter\nvllm:spec_decode_num_draft_tokens_total{{{lab}}} "
+            f"{self.drafts * K}.0",
+            f"# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+            f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {self.accepted}.0",
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+            *(
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {n}.0'
+                for i, n in enumerate(self.per_position)
+            ),
+            f"# TYPE vllm:time_to_first_token_seconds histogram\n"
+            f'vllm:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {self.prefills}.0\n'
+            f"vllm:time_to_first_token_seconds_count{{{lab}}} {self.prefills}.0",
+            f"# TYPE vllm:inter_token_latency_seconds histogram\n"
+            f'vllm:inter_token_latency_seconds_bucket{{{lab},le="+Inf"}} {self.steps}.0\n'
+            f"vllm:inter_token_latency_seconds_count{{{lab}}} {self.steps}.0",
+        ]
+        return ("\n".join(lines) + "\n").encode()
 
 
 def big_metrics(size: int = 12 * 1024 * 1024) -> bytes:
@@ -36,17 +87,30 @@ def big_metrics(size: int = 12 * 1024 * 1024) -> bytes:
 
 
 class _Stream:
-    __slots__ = ("done", "left", "period_ns", "sid", "transport")
+    __slots__ = ("done", "left", "period_ns", "reset_left", "sent", "sid", "transport")
 
-    def __init__(self, sid: int, transport: asyncio.WriteTransport, left: int, period_ns: int) -> None:
+    def __init__(
+        self, sid: int, transport: asyncio.WriteTransport, left: int, period_ns: int, reset_left: int = -1
+    ) -> None:
         self.sid, self.transport, self.left, self.period_ns = sid, transport, left, period_ns
+        self.sent = 0
+        self.reset_left = reset_left  # events left when the connection is reset (TCP RST) instead; -1: never
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+def _reset(transport: asyncio.WriteTransport) -> None:
+    """Close with a TCP RST (SO_LINGER 0), as a crashed or killed server's connection ends."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 class Pacer:
     """Writes every stream's next event when it is due; one task for all streams."""
 
-    def __init__(self) -> None:
+    def __init__(self, counters: Counters) -> None:
+        self.counters = counters
         self._heap: list[tuple[int, int, _Stream]] = []
         self._seq = itertools.count()
         self._wake = asyncio.Event()
@@ -64,11 +128,19 @@ class Pacer:
             return
         s.left -= 1
         t = now_ns()
-        if s.left > 0:
-            s.transport.write(chunk(event(s.sid, t)))
-            self._push(s, max(due + s.period_ns, t) if s.period_ns else t)
+        if s.left == s.reset_left:
+            _reset(s.transport)
+            if not s.done.done():
+                s.done.set_result(None)
         else:
-            s.transport.write(chunk(event(s.sid, t, finish=True)) + chunk(DONE) + LAST_CHUNK)
+            n = 1 if s.sent == 0 else _STEP_TOKENS[(s.sid + s.sent) % len(_STEP_TOKENS)]
+            self.counters.sent(s.sent == 0, n)
+            s.sent += 1
+            if s.left > 0:
+                s.transport.write(chunk(event(s.sid, t, tokens=n)))
+                self._push(s, max(due + s.period_ns, t) if s.period_ns else t)
+                return
+            s.transport.write(chunk(event(s.sid, t, finish=True, tokens=n)) + chunk(DONE) + LAST_CHUNK)
             if not s.done.done():
                 s.done.set_result(None)
 
@@ -118,7 +190,8 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) 
 class Upstream:
     def __init__(self, steps_per_s: float) -> None:
         self.steps_per_s = steps_per_s
-        self.pacer = Pacer()
+        self.counters = Counters()
+        self.pacer = Pacer(self.counters)
         self._ids = itertools.count()
         self._big: bytes | None = None
 
@@ -140,7 +213,7 @@ class Upstream:
                         self._big = self._big or big_metrics()
                         text = self._big
                     else:
-                        text = SMALL_METRICS
+                        text = self.counters.exposition()
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n")
                     writer.write(b"content-length: %d\r\n\r\n" % len(text) + text)
                     await writer.drain()
@@ -160,10 +233,16 @@ class Upstream:
         if req.get("stream") is True:
             tokens = max(1, int(req.get("max_tokens") or 16))
             rate = float(req.get("bench_steps_per_s", self.steps_per_s))
-            s = _Stream(next(self._ids), transport, tokens, int(1e9 / rate) if rate > 0 else 0)
+            reset_after = req.get("bench_reset_after")  # events sent before a TCP reset (the soak's resets)
+            reset_left = tokens - reset_after - 1 if isinstance(reset_after, int) and 0 < reset_after < tokens else -1
+            s = _Stream(next(self._ids), transport, tokens, int(1e9 / rate) if rate > 0 else 0, reset_left)
             transport.write(SSE_HEAD)
-            self.pacer.add(s)
-            await s.done
+            self.counters.running += 1
+            try:
+                self.pacer.add(s)
+                await s.done
+            finally:
+                self.counters.running -= 1
             await writer.drain()
             return
         out = b'{"id":"bench","object":"chat.completion","choices":[{"index":0,"message":{"content":"ok"}}]}'

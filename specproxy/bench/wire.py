@@ -23,13 +23,13 @@ def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-def event(stream_id: int, t_ns: int, finish: bool = False) -> bytes:
-    """One OpenAI chat-completion chunk as an SSE event, stamped with its send time."""
+def event(stream_id: int, t_ns: int, finish: bool = False, tokens: int = 1) -> bytes:
+    """One OpenAI chat-completion chunk as an SSE event of ``tokens`` tokens, stamped with its send time."""
     reason = b'"stop"' if finish else b"null"
     return (
         b'data: {"id":"chatcmpl-bench%d","object":"chat.completion.chunk","created":0,"model":"bench",'
-        b'"choices":[{"index":0,"delta":{"content":"tok "},"finish_reason":%s}],"t_ns":%d}\n\n'
-        % (stream_id, reason, t_ns)
+        b'"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":%s}],"t_ns":%d}\n\n'
+        % (stream_id, b"tok " * tokens, reason, t_ns)
     )
 
 

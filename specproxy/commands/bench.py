@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from specproxy.commands.common import command, run_async
+from specproxy.commands.common import CommandError, command, run_async
+from specproxy.exitcodes import EXIT_FAILURE
 
 
 def _levels(value: str) -> tuple[int, ...]:
@@ -28,7 +29,14 @@ def register(app: typer.Typer) -> None:
         saturation_streams: int = typer.Option(64, "--saturation-streams", help="Streams at saturation."),
         saturation_tokens: int = typer.Option(1000, "--saturation-tokens", help="Events per stream at saturation."),
         no_nginx: bool = typer.Option(False, "--no-nginx", help="Leave nginx out."),
+        floors: bool = typer.Option(
+            False, "--floors", help="Add two reference relays: a uvloop TCP splice and an aiohttp pass-through."
+        ),
         hostile: bool = typer.Option(False, "--hostile", help="Measure the hostile inputs instead."),
+        soak: float = typer.Option(
+            0.0, "--soak", help="Seconds of streams with cancels and resets instead: is memory flat? (600: 10 min)"
+        ),
+        soak_streams: int = typer.Option(64, "--soak-streams", help="Streams in flight during --soak."),
         hostile_streams: int = typer.Option(64, "--hostile-streams", help="Streams each way during --hostile."),
         fmt: str = typer.Option("table", "--format", help="table or json."),
     ) -> None:
@@ -47,6 +55,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--workers must be at least 1, got {workers}")
         if steps_per_s <= 0:
             raise typer.BadParameter(f"--steps-per-s must be positive, got {steps_per_s}")
+        if soak < 0 or soak_streams < 1:
+            raise typer.BadParameter("--soak takes seconds (0: off) and --soak-streams at least 1")
         if fmt not in ("table", "json"):
             raise typer.BadParameter(f"--format must be table or json, got {fmt!r}")
         from specproxy.bench.render import as_json, render_hostile, render_levels
@@ -62,14 +72,25 @@ def register(app: typer.Typer) -> None:
             saturation_tokens=saturation_tokens,
             use_nginx=not no_nginx,
             hostile_streams=hostile_streams,
+            floors=floors,
         )
-        if hostile:
-            from specproxy.bench.hostile import run_hostile
+        from specproxy.bench.procs import StartError
 
-            result = run_async(run_hostile(cfg))
-            typer.echo(as_json(result) if fmt == "json" else render_hostile(result))
-        else:
-            from specproxy.bench.run import run_levels
+        try:
+            if soak:
+                from specproxy.bench.soak import SoakConfig, render_soak, run_soak
 
-            result = run_async(run_levels(cfg))
-            typer.echo(as_json(result) if fmt == "json" else render_levels(result))
+                soaked = run_async(run_soak(SoakConfig(seconds=soak, streams=soak_streams, steps_per_s=steps_per_s)))
+                typer.echo(as_json(soaked) if fmt == "json" else render_soak(soaked))
+            elif hostile:
+                from specproxy.bench.hostile import run_hostile
+
+                result = run_async(run_hostile(cfg))
+                typer.echo(as_json(result) if fmt == "json" else render_hostile(result))
+            else:
+                from specproxy.bench.run import run_levels
+
+                result = run_async(run_levels(cfg))
+                typer.echo(as_json(result) if fmt == "json" else render_levels(result))
+        except StartError as e:  # a process of the bench did not start, or its result was unreadable
+            raise CommandError(f"bench: {e}", EXIT_FAILURE) from None
