@@ -63,3 +63,11 @@ def test_intervals_are_deterministic_and_need_data() -> None:
     ci = pooled_ratio([(1.0, 3.0)] * 20 + [(2.0, 3.0)] * 20)
     assert ci is not None and ci.lo <= 0.5 <= ci.hi
     assert speedup_verdict(0.8, Interval(0.7, 0.9)) == "slower" and speedup_verdict(None, None) == "-"
+    # an interval that reaches into a run's drift of 1.00 (3 %) says no more than the machine's noise; only one that
+    # clears it says faster or slower
+    assert speedup_verdict(1.016, Interval(1.005, 1.018)) == "not distinguishable from 1.00x"
+    assert speedup_verdict(0.985, Interval(0.975, 0.995)) == "not distinguishable from 1.00x"
+    assert speedup_verdict(1.03, Interval(1.01, 1.05)) == "not distinguishable from 1.00x"
+    assert speedup_verdict(0.97, Interval(0.95, 0.99)) == "not distinguishable from 1.00x"
+    assert speedup_verdict(1.06, Interval(1.031, 1.09)) == "faster"
+    assert speedup_verdict(0.94, Interval(0.91, 0.969)) == "slower"

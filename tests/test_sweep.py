@@ -22,6 +22,7 @@ from specproxy.analysis.batchcost import (
     disable_by_batch_size,
     vllm_schedule,
 )
+from specproxy.analysis.confidence import RUN_DRIFT, speedup_verdict
 from specproxy.analysis.inflight import InFlight, decode_in_flight
 from specproxy.analysis.slo import parse_slo
 from specproxy.analysis.sweep import build_sweep
@@ -102,14 +103,19 @@ async def test_identical_configurations_give_a_speedup_interval_holding_one(tmp_
     rows = [r for r in result.rows if r.label == "B"]
     assert rows and all(r.paired >= 2 and r.speedup_ci is not None for r in rows)
     for r in rows:
-        assert r.speedup_ci is not None and r.speedup_ci.contains(1.0), r
+        # the interval reaches into a run's drift of 1.00 (seen: every request 1.6 % faster in B; 3 % on a busy
+        # machine; one request in six twice as fast in one run, once)
+        ci = r.speedup_ci
+        assert ci is not None and ci.lo <= 1 + RUN_DRIFT and ci.hi >= 1 - RUN_DRIFT, r
         assert r.verdict == "not distinguishable from 1.00x"
     measured = [
         m
         for m in measured_rows([r for r in records if r["label"] == "B"], [r for r in records if r["label"] == "A"])
         if not m.is_baseline
     ]
-    assert measured and all(m.speedup_ci is not None and m.speedup_ci.contains(1.0) for m in measured)
+    assert measured and all(
+        speedup_verdict(m.speedup, m.speedup_ci) == "not distinguishable from 1.00x" for m in measured
+    )
 
 
 async def test_the_proxy_status_shows_slo_attainment_and_goodput_per_workload(tmp_path: Path) -> None:

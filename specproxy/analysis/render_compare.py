@@ -63,8 +63,8 @@ def compare_tables(c: Comparison) -> list[Table]:
         notes.append("spread: " + "; ".join(kinds))
     if any(r.speedup_ci for r in c.rows):
         notes.append(
-            "95% CI: bootstrap over requests (paired by request where runs replayed the same ones); a speedup whose "
-            "interval holds 1.00x is not distinguishable from no change"
+            "95% CI: bootstrap over requests (paired by request where runs replayed the same ones); a speedup is "
+            "faster or slower only when its interval clears 0.97-1.03x (a run's drift), else not distinguishable"
         )
     if any(r.paired for r in c.rows):
         notes.append("paired: per-request speedup over the baseline's replay of the same request, median (p10-p90)")
