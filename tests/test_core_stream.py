@@ -62,6 +62,14 @@ def test_per_request_metrics_capture_agrees_with_chunks() -> None:
     toks = chunk_tokens("chat-stream-ngram-k3-per-request-metrics.sse")
     assert sum(n - 1 for n in toks[1:]) == 13
     assert sum(toks) == final.completion_tokens == 97
+    # --enable-per-request-metrics: the engine core's own timing of this request, in seconds; mean_itl_ms is
+    # generation_time_ms over the tokens after the first, so the two must agree
+    t = final.engine_timings
+    assert final.engine == "vllm" and t is not None
+    assert t["decode_s"] == pytest.approx(2.7612986750000346) and t["decode_tokens"] == 96
+    assert t["ttft_s"] == pytest.approx(1.4557361429999673) and t["queue_s"] == pytest.approx(4.208199993627204e-05)
+    assert t["decode_s"] / t["decode_tokens"] == pytest.approx(28.763527864583693e-3)
+    assert all(c.engine_timings is None for c in chunks[:-2])  # only the final usage chunk carries them
 
 
 def test_completions_stream_shape() -> None:
@@ -81,6 +89,8 @@ def test_nonstream_body() -> None:
     assert c.completion_tokens == 60 and c.prompt_tokens == 125
     assert c.spec is not None and c.spec["num_draft_tokens"] == 54
     assert c.text.startswith("def fibonacci") and c.finish_reason == "stop"
+    assert c.engine_timings is not None and c.engine_timings["decode_tokens"] == 59
+    assert c.engine_timings["decode_s"] / 59 == pytest.approx(10.576735474576369e-3)
 
 
 def test_without_usage_the_tokenizer_counts_and_says_so() -> None:

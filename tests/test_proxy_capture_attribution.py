@@ -91,6 +91,11 @@ async def test_server_per_request_metrics_chosen(tmp_path: Path) -> None:
     assert spec["per_position"] == [6, 4, 3]  # from per_step_accepted; equals the counters' per position
     assert spec["estimates"]["counters"]["per_position"] == [6, 4, 3]
     assert spec["estimates"]["chunks"]["accepted"] == 13
+    # the engine's own timing is kept beside the rate timed from chunks here (replayed 2 ms apart: not the engine's)
+    assert rec["engine"] == "vllm" and rec["engine_timings"]["decode_tokens"] == 96
+    assert rec["engine_timings"]["decode_s"] == pytest.approx(2.7612986750000346)
+    assert "decode_rate_from_engine" not in rec["flags"]
+    assert rec["decode_tok_s"] > 96 / 2.76 * 2  # 97 chunks 2 ms apart: far faster than the engine was
 
 
 async def test_metrics_down_falls_back_and_says_so(tmp_path: Path) -> None:

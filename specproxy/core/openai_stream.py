@@ -131,13 +131,16 @@ def interpret_json(obj: Any) -> StreamChunk:
         if isinstance(details, dict):
             cached_tokens, bad_cached = _usage_count(details.get("cached_tokens"))
     spec = None
+    vllm_times = None
     metrics = obj.get("metrics")
-    if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
-        spec = metrics["speculative_decoding"]
+    if isinstance(metrics, dict):
+        if isinstance(metrics.get("speculative_decoding"), dict):
+            spec = metrics["speculative_decoding"]
+        vllm_times = vllm_timings(metrics, completion_tokens) or None
     timings = obj.get("timings")
     model = obj.get("model")
     rid = obj.get("id")
-    engine = "vllm" if spec is not None or n_ids is not None or "kv_transfer_params" in obj else None
+    engine = "vllm" if spec is not None or vllm_times or n_ids is not None or "kv_transfer_params" in obj else None
     if obj.get("system_fingerprint") == "fp_ollama":  # Ollama's OpenAI-compatible endpoint says so on every chunk
         engine = "ollama"
     if isinstance(timings, dict):
@@ -158,7 +161,7 @@ def interpret_json(obj: Any) -> StreamChunk:
         max_index=max_index,
         spec=spec,
         llama_timings=timings if isinstance(timings, dict) else None,
-        engine_timings=llamacpp_timings(timings) if isinstance(timings, dict) else None,
+        engine_timings=llamacpp_timings(timings) if isinstance(timings, dict) else vllm_times,
         engine=engine,
     )
 
@@ -174,6 +177,26 @@ def interpret(data: str, on_json: Callable[[Any], StreamChunk] = interpret_json)
     except orjson.JSONDecodeError:
         return StreamChunk(kind="non_json", raw=data)
     return on_json(obj)
+
+
+def vllm_timings(m: dict[str, Any], completion_tokens: int | None) -> dict[str, float]:
+    """vLLM's per-request ``metrics`` (server flag ``--enable-per-request-metrics``, on the final usage chunk; read in
+    vllm/entrypoints/generate/base/serving.py) in the record's units. Its clock is the engine core's:
+    ``queue_time_ms`` is queued to scheduled, ``time_to_first_token_ms`` scheduled to first token, and
+    ``generation_time_ms`` first token to last, so decoding advanced ``completion_tokens - 1`` tokens in ``decode_s``
+    (``mean_itl_ms`` is that span over those tokens)."""
+    out: dict[str, float] = {}
+    for key, name in (
+        ("queue_time_ms", "queue_s"),
+        ("time_to_first_token_ms", "ttft_s"),
+        ("generation_time_ms", "decode_s"),
+    ):
+        v = m.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
+            out[name] = v * 1e-3
+    if "decode_s" in out and completion_tokens is not None and completion_tokens >= 1:
+        out["decode_tokens"] = float(completion_tokens - 1)
+    return out
 
 
 def llamacpp_timings(t: dict[str, Any]) -> dict[str, float]:

@@ -208,7 +208,9 @@ class Recorder:
         rec["ttft_s"] = tl.ttft_s
         rec["decode_tok_s"] = tl.decode_tok_s
         rec["engine_timings"] = tl.engine_timings
-        if (rate := decode_rate(tl.engine_timings)) is not None:  # the engine timed its decoding (Ollama, llama.cpp)
+        # Ollama and llama.cpp stream one event per token whatever they drafted: their own timing replaces the chunks'.
+        # vLLM's (--enable-per-request-metrics) is kept beside the chunk-timed rate: that is what clients see.
+        if engine in PER_TOKEN_ENGINES and (rate := decode_rate(tl.engine_timings)) is not None:
             rec["decode_tok_s"] = rate
             flags.append("decode_rate_from_engine")
         rec["tpot_s"] = tl.tpot_s
