@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -405,7 +404,7 @@ def _workload_file(folder: Path, name: str, prompts: list[str]) -> Path:
 
 async def _manual(
     s: aiohttp.ClientSession, engine: RealEngine, bodies: list[dict[str, Any]]
-) -> tuple[float, list[float], list[float | None]]:
+) -> tuple[float, list[float | None], list[float | None]]:
     """The seeds' method for one workload: /metrics before, each request alone straight to the engine, streamed with
     usage and timed here, /metrics after. (acceptance, each request's decode tok/s) with acceptance = delta accepted /
     delta draft tokens, decode tok/s = (completion_tokens - 1) / (last token's time - first token's time).
@@ -418,7 +417,7 @@ async def _manual(
     chat reply read 5.7 % faster, that code reply 25 % (34.7 against 27.7 tok/s), and the matrix, which times
     tokens, looked up to 17 % slower than the method by hand."""
     before = await _settled(s, engine)
-    rates: list[float] = []
+    rates: list[float | None] = []
     engine_rates: list[float | None] = []
     for body in bodies:
         assert body.get("stream_options", {}).get("continuous_usage_stats"), body  # the token times come from it
@@ -446,8 +445,9 @@ async def _manual(
                             first = now if first is None else first
                             last = now
                             tokens = count
-        assert first is not None and last is not None and last > first and tokens > 1, (body, tokens)
-        rates.append((tokens - 1) / (last - first))
+        assert first is not None and last is not None and tokens > 1, (body, tokens)
+        # None when every token came in one read: a client that did not run while the engine decoded cannot time it
+        rates.append((tokens - 1) / (last - first) if last > first else None)
         engine_rates.append(engine_rate)
     delta = _minus(await _settled(s, engine), before)
     assert delta["draft_tokens"] > 0
@@ -466,13 +466,11 @@ async def _matrix_table(tmp_path: Path, engine: RealEngine, round_: int) -> tupl
     }  # fmt: skip
     path = tmp_path / f"m{round_}.yaml"
     path.write_text(json.dumps(doc, ensure_ascii=False))
-    # At nice 10, as docs/real-engine.md advises on a machine the engine shares: on 2 cores the matrix's load
-    # generator and recorder share a core with vLLM's API server and scheduler and slow the engine they measure
-    # (through a proxy at nice 0, decode ran at 0.97-0.98 of direct; at nice 10, 1.01-1.04).
+    # At the same priority as the method by hand (this process): a measuring process at nice 10 on a machine as busy
+    # as its cores read whole replies in one read, the times of their tokens lost (docs/real-engine.md).
     p = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "specproxy", "matrix", str(path), "--no-progress",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-        preexec_fn=lambda: os.nice(10),
     )  # fmt: skip
     out, err = await asyncio.wait_for(p.communicate(), 180)
     assert p.returncode == 0, err.decode()[-2000:]
@@ -493,15 +491,18 @@ async def test_matrix_reproduces_the_manual_method_on_the_same_prompts(
 ) -> None:
     """``specproxy matrix`` over the running engine, then the seeds' method by hand on the same requests in the same
     order: per workload, acceptance within 0.02 (temperature 0, the same text, so the same drafts) and decode tok/s
-    within 10 %.
+    within 10 %, each request against itself.
 
-    Decode tok/s on this shared 2-core machine moves by more than 10 % between two runs of the same requests a
-    minute apart: round medians of the same three requests moved between 20.4 and 27.8 tok/s. So each request is
-    compared with itself: its decode tok/s in the matrix's record over its decode tok/s by hand, in the same round,
-    for three rounds, and the median of those nine ratios per workload must be within 10 % of 1. The order alternates
-    (matrix first, then by hand first, then matrix first), so that a drift of the machine favours neither. Comparing
-    each method's median of round medians instead failed CI three times in four, at 10-15 % (chat 25.1 against 28.3).
-    The matrix's printed figure is the median of its records' (checked here)."""
+    The engine's own speed is not the same in two runs of the same request: on this shared 2-core machine, round
+    medians of the same three requests moved between 20.4 and 27.8 tok/s, and one CI run read every request by hand
+    faster than alone (21-23 tok/s against 17-20) while the matrix read 18-19. So each request's decode tok/s is taken
+    over the engine's own timing of that very run (vLLM's ``generation_time_ms``, ``--enable-per-request-metrics``,
+    which the matrix's records keep in ``engine_timings``): per workload, the median over three rounds of (matrix over
+    engine) must be within 10 % of 1, the matrix's clock against the truth, and so must the median of (matrix over
+    engine) over (by hand over engine), the two methods against each other. The raw ratio, matrix over by hand, is
+    printed. The order alternates (matrix first, then by hand first, then matrix first). A request either side read
+    in one piece (every token in one read: its process did not run while the engine decoded) cannot be timed and is
+    left out; at most a third may be. The matrix's printed figure is the median of its records' (checked here)."""
     ratios: dict[str, list[float]] = {name: [] for name in MATRIX_PROMPTS}
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in MATRIX_PROMPTS}
     # per request: (round, matrix's rate, the engine's own rate then, the rate by hand, the engine's own rate then)
@@ -509,7 +510,7 @@ async def test_matrix_reproduces_the_manual_method_on_the_same_prompts(
     sent_bodies: dict[str, list[dict[str, Any]]] = {}
     async with aiohttp.ClientSession() as s:
         for round_ in range(3):
-            manual: dict[str, tuple[float, list[float], list[float | None]]] = {}
+            manual: dict[str, tuple[float, list[float | None], list[float | None]]] = {}
             if round_ % 2:  # by hand first, on the bodies the matrix sent before
                 for name in MATRIX_PROMPTS:
                     manual[name] = await _manual(s, ngram_engine, sent_bodies[name])
@@ -528,18 +529,30 @@ async def test_matrix_reproduces_the_manual_method_on_the_same_prompts(
                 assert acc is not None and tok_s is not None
                 assert abs(acc - manual_acc) <= 0.02, (name, round_, acc, manual_acc)
                 mine = [r["decode_tok_s"] for r in sent]
-                assert tok_s == pytest.approx(statistics.median(mine))  # what it printed is its records' median
-                ratios[name] += [a / b for a, b in zip(mine, manual_rates, strict=True)]
+                assert tok_s == pytest.approx(statistics.median(m for m in mine if m is not None))  # its records'
                 for r, hand, hand_engine in zip(sent, manual_rates, manual_engine, strict=True):
                     t = r["engine_timings"] or {}
-                    engine_rate = t["decode_tokens"] / t["decode_s"] if t.get("decode_s") else None
+                    assert t.get("decode_s") and hand_engine, (r, hand_engine)  # the engine timed both runs
+                    engine_rate = t["decode_tokens"] / t["decode_s"]
                     detail[name].append((round_, r["decode_tok_s"], engine_rate, hand, hand_engine))
-                seen[name].append((tok_s, statistics.median(manual_rates)))
+                    if r["decode_tok_s"] and hand:
+                        ratios[name].append(r["decode_tok_s"] / hand)
+                seen[name].append((tok_s, statistics.median(h for h in manual_rates if h is not None)))
     sys.stderr.write(f"\nmatrix / by hand, per request: {ratios}\nmedians per round: {seen}\n")
     for name, rows in detail.items():
         for row in rows:
             sys.stderr.write(
-                f"{name} round {row[0]}: matrix {row[1]:.2f} (engine {row[2]}) by hand {row[3]:.2f} (engine {row[4]})\n"
+                f"{name} round {row[0]}: matrix {row[1]} (engine {row[2]:.2f}) by hand {row[3]} (engine {row[4]:.2f})\n"
             )
-    for name, rs in ratios.items():
-        assert abs(statistics.median(rs) - 1.0) <= 0.10, (name, rs, seen[name])
+    for name, rows in detail.items():
+        timed = [(m / e, h / he) for _, m, e, h, he in rows if m and h]
+        assert len(timed) >= 6, (name, rows)  # at most a third read in one piece
+        against_engine = statistics.median(m for m, _ in timed)
+        against_hand = statistics.median(m / h for m, h in timed)
+        assert abs(against_engine - 1.0) <= 0.10, (name, "matrix over the engine's own", against_engine, rows)
+        assert abs(against_hand - 1.0) <= 0.10, (
+            name,
+            "matrix over by hand, each over the engine's",
+            against_hand,
+            rows,
+        )
