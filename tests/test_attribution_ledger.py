@@ -125,6 +125,20 @@ def test_a_max_tokens_cut_takes_the_unemitted_accepted_drafts() -> None:
     assert got is not None and got.estimate.counts.accepted == 3
 
 
+def test_a_max_tokens_cut_takes_only_its_last_intervals_remainder() -> None:
+    led = CounterLedger()
+    led.begin("a")
+    end = _stream(led, "a", [2, 2], 1)
+    led.settle(end * MS, _delta(2, accepted=4, drafts=2))  # 2 accepted more than its chunks show: not a cut, it went on
+    led.record_chunk("a", 2, 20 * MS, exact=True)
+    led.record_chunk("a", 1, 21 * MS, exact=True)
+    led.end("a", truncated=True)
+    led.settle(30 * MS, _delta(2, accepted=3, drafts=2))  # its last step accepted 2 that were never sent
+    got = led.pop("a")
+    assert got is not None and got.intervals == 2
+    assert got.estimate.counts.accepted == 2 + 1 + 2  # what its chunks show, and the cut's tail once
+
+
 def test_deltas_without_our_steps_are_unattributed() -> None:
     led = CounterLedger()
     led.settle(10 * MS, _delta(5, accepted=4, drafts=5))

@@ -208,10 +208,14 @@ class CounterLedger:
         if not r.intervals:
             return None
         version, coef, partial, rates, multi = self._models()
+        if r.truncated:
+            # The unemitted drafts of a max_tokens cut are counted in the step that sent its last chunk, so only
+            # the interval holding that step may give them to it. An earlier interval's unexplained remainder is not
+            # its: it kept streaming after. (Giving each interval's remainder read 15 % over the counter delta on a
+            # busy machine, where late stamps leave remainders of both signs and only the positive ones were taken.)
+            r.intervals[-1].truncated.add(rid)
         mine = SpecCounts()
         for interval in r.intervals:
-            if r.truncated:
-                interval.truncated.add(rid)
             drafts, draft_tokens = interval.draft_share(rid, rates, partial, multi, version)
             accepted, pos = interval.accepted_share(rid, coef, version)
             mine = mine + SpecCounts(accepted, drafts, draft_tokens, tuple(pos))
