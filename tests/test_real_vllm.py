@@ -300,10 +300,8 @@ def _complete_and_parse(path: Path, expected: int) -> None:
         assert set(raw["flags"]) <= {"partial_drafting", "multi_event_reads"}, raw["flags"]
         assert raw["ttft_s"] > 0 and raw["completion_tokens"] == sum(n for _, n in raw["chunks"])
         # no decode rate only when the reply came in one read (a recorder that did not run while the engine decoded)
-        assert (
-            raw["decode_tok_s"] is not None
-            and raw["decode_tok_s"] > 0
-            or ("multi_event_reads" in raw["flags"] and len({t for t, _ in raw["chunks"]}) == 1)
+        assert (raw["decode_tok_s"] is not None and raw["decode_tok_s"] > 0) or (
+            "multi_event_reads" in raw["flags"] and len({t for t, _ in raw["chunks"]}) == 1
         ), raw
         assert raw["token_source"] == "usage" and raw["spec"]["source"] == "server"
         offsets = [t for t, _ in raw["chunks"]]

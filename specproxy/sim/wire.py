@@ -165,8 +165,8 @@ def parse_request(kind: str, raw: bytes, cfg: SimConfig, profile_header: str | N
 
 def request_metrics(truth: RequestTruth, detail: str, k: int) -> dict[str, Any]:
     """vLLM's per-request `metrics` object (--enable-per-request-metrics, --per-request-spec-decode-metrics), from the
-    ground truth, with vLLM's definitions (vllm/entrypoints/generate/base/serving.py): queue time is queued to scheduled,
-    time to first token and tokens per second start at scheduled, generation time is first token to last."""
+    ground truth, with vLLM's definitions (vllm/entrypoints/generate/base/serving.py): queue time is queued to
+    scheduled, time to first token and tokens per second start at scheduled, generation time is first token to last."""
     first = truth.first_token_at_s if truth.first_token_at_s is not None else truth.started_at_s
     end = truth.finished_at_s if truth.finished_at_s is not None else first
     submitted = truth.submitted_at_s if truth.submitted_at_s is not None else truth.started_at_s
