@@ -206,3 +206,23 @@ def test_newer_schema_is_refused_clearly(tmp_path: Path) -> None:
     code, _, err = invoke("report", str(tmp_path / "new.jsonl"))
     assert code == 2
     assert "new.jsonl:1: record schema_version 99 is newer" in err
+
+
+def test_records_timed_off_the_engines_clock_are_counted_and_told(tmp_path: Path) -> None:
+    from specproxy.analysis.accum import stream_report
+    from specproxy.analysis.inputs import read_runs
+
+    off = ["decode_rate_off_engine"]
+    recs = [make_record(f"r{i}", accepted=[1, 2], k=3, flags=off if i < 2 else ()) for i in range(3)]
+    run = write_run(tmp_path / "busy.jsonl", recs)
+    in_memory = build_report(recs, ("workload",))
+    streamed, _ = stream_report(read_runs([run]), ("workload",))
+    assert [g.decode_off_engine for g in in_memory.groups] == [g.decode_off_engine for g in streamed.groups] == [2]
+    code, out, err = invoke("report", str(run))
+    assert code == 0, err
+    assert "2 requests' decode tok/s is over 25% off the engine's own timing" in out
+    code, out, _ = invoke("report", str(run), "-f", "json")
+    assert code == 0 and orjson.loads(out)["groups"][0]["decode_off_engine"] == 2
+    clean = write_run(tmp_path / "quiet.jsonl", [make_record("q", accepted=[1], k=3)])
+    code, out, _ = invoke("report", str(clean))
+    assert code == 0 and "off the engine's own timing" not in out

@@ -12,7 +12,7 @@ import pytest
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.estimates import from_server
 from specproxy.core.dialects import dialect_for, stream_framing
-from specproxy.core.dialects.engine import from_probe, from_server_header, resolve
+from specproxy.core.dialects.engine import decode_off_engine, from_probe, from_server_header, resolve
 from specproxy.core.dialects.native import sglang_spec
 from specproxy.core.ndjson import NDJSONDecoder
 from specproxy.core.openai_stream import interpret
@@ -332,3 +332,13 @@ def test_engine_clues() -> None:
     assert from_probe("/version", 404, {"version": "0.32.0"}) is None
     assert resolve("llamacpp", "vllm") == "llamacpp" and resolve("auto", None, "sglang", "vllm") == "sglang"
     assert resolve("auto", None, None) is None
+
+
+def test_a_decode_rate_far_from_the_engines_own_is_told() -> None:
+    timed = {"decode_tokens": 63.0, "decode_s": 0.63}  # the engine decoded at 100 tok/s
+    assert not decode_off_engine(100.0, timed) and not decode_off_engine(76.0, timed)
+    assert not decode_off_engine(124.0, timed)
+    assert decode_off_engine(74.0, timed) and decode_off_engine(126.0, timed) and decode_off_engine(541.0, timed)
+    assert decode_off_engine(None, timed)  # every chunk in one read: untimed, though the engine timed it
+    assert not decode_off_engine(None, None) and not decode_off_engine(5.0, {"decode_s": 1.0})  # the engine did not
+    assert not decode_off_engine(500.0, {"decode_tokens": 7.0, "decode_s": 0.07})  # too short to tell

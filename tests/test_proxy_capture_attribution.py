@@ -96,6 +96,7 @@ async def test_server_per_request_metrics_chosen(tmp_path: Path) -> None:
     assert rec["engine_timings"]["decode_s"] == pytest.approx(2.7612986750000346)
     assert "decode_rate_from_engine" not in rec["flags"]
     assert rec["decode_tok_s"] > 96 / 2.76 * 2  # 97 chunks 2 ms apart: far faster than the engine was
+    assert "decode_rate_off_engine" in rec["flags"]  # and the record says its clock is not the engine's
 
 
 async def test_metrics_down_falls_back_and_says_so(tmp_path: Path) -> None:

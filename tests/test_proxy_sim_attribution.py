@@ -81,6 +81,10 @@ async def test_concurrency_one_every_source_equals_truth(tmp_path: Path, per_req
                 assert rec["spec"]["source"] == "server"
                 assert est["server"]["accepted"] == t["counted_accepted"]
                 assert est["server"]["per_position"] == est["counters"]["per_position"]
+                # the engine's own timing (its metrics object) and the proxy's clock agree on an unloaded machine
+                t_engine = rec["engine_timings"]
+                assert t_engine["decode_tokens"] == rec["completion_tokens"] - 1, t_engine
+                assert "decode_rate_off_engine" not in rec["flags"], (rec["decode_tok_s"], t_engine)
             else:
                 assert rec["spec"]["source"] == "chunks"
                 assert est["server"] is None

@@ -21,6 +21,7 @@ from specproxy.analysis.aggregate import (
     DEFAULT_GROUP_BY,
     DEFAULT_SPEC,
     GROUP_FIELDS,
+    OFF_ENGINE_FLAG,
     Figure,
     GroupReport,
     Report,
@@ -168,6 +169,7 @@ class GroupAcc:
         self.token_sources: Counter[str] = Counter()
         self.chunks_not_steps = 0
         self.truncated = 0
+        self.decode_off_engine = 0
         self.pool = AcceptancePool()
         self.parts: dict[tuple[str, str], PartAcc] = {}
         self.repeated = False
@@ -181,6 +183,8 @@ class GroupAcc:
             self.chunks_not_steps += 1
         if rec["truncated"]:
             self.truncated += 1
+        if OFF_ENGINE_FLAG in rec["flags"]:
+            self.decode_off_engine += 1
         self.pool.add(rec)
         if rec["repeat"] is not None:
             self.repeated = True
@@ -218,6 +222,7 @@ class GroupAcc:
             token_sources=dict(self.token_sources),
             chunks_not_steps=self.chunks_not_steps,
             truncated=self.truncated,
+            decode_off_engine=self.decode_off_engine,
         )
 
     def quantile_info(self) -> tuple[int, bool]:

@@ -53,6 +53,7 @@ class GroupReport:
     token_sources: Mapping[str, int]
     chunks_not_steps: int
     truncated: int
+    decode_off_engine: int = 0  # records flagged decode_rate_off_engine: timed late by the measuring side
 
     @property
     def errors(self) -> int:
@@ -110,6 +111,7 @@ def is_ok(rec: Record) -> bool:
     return rec["outcome"] == "ok"
 
 
+OFF_ENGINE_FLAG = "decode_rate_off_engine"  # the chunk-timed decode rate is far from the engine's own (recorder)
 PER_TOKEN_FLAG = "chunks_not_steps_engine"  # the engine streams one event per token (attribution/choice.py)
 # paths that generate, in every dialect the recorder reads (core/dialects)
 GENERATION_PATHS = (
@@ -229,6 +231,7 @@ def summarize_group(
         token_sources=dict(token_sources),
         chunks_not_steps=sum(1 for r in records if r["stream"] and not r["chunks_are_steps"]),
         truncated=sum(1 for r in records if r["truncated"]),
+        decode_off_engine=sum(1 for r in records if OFF_ENGINE_FLAG in r["flags"]),
     )
 
 

@@ -120,6 +120,12 @@ def report_tables(report: Report) -> list[Table]:
     not_steps = sum(g.chunks_not_steps for g in report.groups)
     if not_steps:
         notes.append(f"{not_steps} streamed requests have chunks that are not engine steps: inter-step figures blur")
+    off = sum(g.decode_off_engine for g in report.groups)
+    if off:
+        notes.append(
+            f"{off} requests' decode tok/s is over 25% off the engine's own timing of them: their chunks were read "
+            "late (a busy measuring host?), so those decode figures are the reader's, not the engine's"
+        )
     return [
         Table(
             "Throughput",
@@ -240,6 +246,7 @@ def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:
                 "token_sources": dict(g.token_sources),
                 "chunks_not_steps": g.chunks_not_steps,
                 "truncated": g.truncated,
+                "decode_off_engine": g.decode_off_engine,
             }
             for g in report.groups
         ],

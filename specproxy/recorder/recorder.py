@@ -20,7 +20,7 @@ import aiohttp
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
-from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_rate
+from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_off_engine, decode_rate
 from specproxy.core.errors import one_line
 from specproxy.core.prom import NO_SPEC_COUNTERS
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
@@ -213,6 +213,8 @@ class Recorder:
         if engine in PER_TOKEN_ENGINES and (rate := decode_rate(tl.engine_timings)) is not None:
             rec["decode_tok_s"] = rate
             flags.append("decode_rate_from_engine")
+        elif tl.stream and decode_off_engine(tl.decode_tok_s, tl.engine_timings):
+            flags.append("decode_rate_off_engine")  # our clock read its chunks late: not the engine's speed
         rec["tpot_s"] = tl.tpot_s
         rec["upstream_headers_s"] = (trace.headers_ns - meta.start_ns) / 1e9 if trace.headers_ns else None
         rec["chunks"] = [(round(t, 6), n) for t, n in tl.chunks]

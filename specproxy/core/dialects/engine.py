@@ -76,3 +76,19 @@ def decode_rate(timings: Mapping[str, float] | None) -> float | None:
         return None
     n, s = timings.get("decode_tokens"), timings.get("decode_s")
     return n / s if n and s else None
+
+
+# A chunk-timed decode rate further than this from the engine's own timing of the same request was not timed when the
+# chunks arrived: the measuring process read them late (descheduled on a busy host), merging steps into one read.
+OFF_ENGINE = 0.25
+OFF_ENGINE_MIN_TOKENS = 8  # too few tokens, and one late read moves the rate by more than that
+
+
+def decode_off_engine(chunk_rate: float | None, timings: Mapping[str, float] | None) -> bool:
+    """Whether a decode rate timed from chunks is more than :data:`OFF_ENGINE` off the engine's own rate
+    (:func:`decode_rate`), or could not be timed at all while the engine timed it. False when the engine did not time
+    the request or decoded fewer than :data:`OFF_ENGINE_MIN_TOKENS` tokens."""
+    engine_rate = decode_rate(timings)
+    if engine_rate is None or (timings or {}).get("decode_tokens", 0) < OFF_ENGINE_MIN_TOKENS:
+        return False
+    return chunk_rate is None or abs(chunk_rate / engine_rate - 1.0) > OFF_ENGINE
