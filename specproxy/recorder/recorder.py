@@ -20,7 +20,7 @@ import aiohttp
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
-from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_off_engine, decode_rate
+from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_figure
 from specproxy.core.errors import one_line
 from specproxy.core.prom import NO_SPEC_COUNTERS
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
@@ -206,15 +206,9 @@ class Recorder:
         rec["cached_tokens"] = tl.cached_tokens
         rec["token_source"] = tl.token_source
         rec["ttft_s"] = tl.ttft_s
-        rec["decode_tok_s"] = tl.decode_tok_s
+        rec["decode_tok_s"], decode_flag = decode_figure(engine, tl.stream, tl.decode_tok_s, tl.engine_timings)
+        flags += [decode_flag] if decode_flag else []
         rec["engine_timings"] = tl.engine_timings
-        # Ollama and llama.cpp stream one event per token whatever they drafted: their own timing replaces the chunks'.
-        # vLLM's (--enable-per-request-metrics) is kept beside the chunk-timed rate: that is what clients see.
-        if engine in PER_TOKEN_ENGINES and (rate := decode_rate(tl.engine_timings)) is not None:
-            rec["decode_tok_s"] = rate
-            flags.append("decode_rate_from_engine")
-        elif tl.stream and decode_off_engine(tl.decode_tok_s, tl.engine_timings):
-            flags.append("decode_rate_off_engine")  # our clock read its chunks late: not the engine's speed
         rec["tpot_s"] = tl.tpot_s
         rec["upstream_headers_s"] = (trace.headers_ns - meta.start_ns) / 1e9 if trace.headers_ns else None
         rec["chunks"] = [(round(t, 6), n) for t, n in tl.chunks]

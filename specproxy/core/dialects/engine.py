@@ -92,3 +92,17 @@ def decode_off_engine(chunk_rate: float | None, timings: Mapping[str, float] | N
     if engine_rate is None or (timings or {}).get("decode_tokens", 0) < OFF_ENGINE_MIN_TOKENS:
         return False
     return chunk_rate is None or abs(chunk_rate / engine_rate - 1.0) > OFF_ENGINE
+
+
+def decode_figure(
+    engine: str | None, stream: bool, chunk_rate: float | None, timings: Mapping[str, float] | None
+) -> tuple[float | None, str | None]:
+    """A record's ``decode_tok_s`` and the flag that qualifies it. Ollama and llama.cpp stream one event per token
+    whatever they drafted: their own timing replaces the chunks' (``decode_rate_from_engine``). vLLM's
+    (``--enable-per-request-metrics``) is kept beside the chunk-timed rate, which is what clients see, and only
+    marks a rate the reader timed late (``decode_rate_off_engine``)."""
+    if engine in PER_TOKEN_ENGINES and (rate := decode_rate(timings)) is not None:
+        return rate, "decode_rate_from_engine"
+    if stream and decode_off_engine(chunk_rate, timings):
+        return chunk_rate, "decode_rate_off_engine"
+    return chunk_rate, None
