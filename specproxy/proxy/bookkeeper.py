@@ -50,6 +50,7 @@ from specproxy.recorder.trace import RequestMeta, Trace
 log = logging.getLogger("specproxy.bookkeeper")
 
 SHED_FLAG = "bookkeeping_shed"
+RETRIED_FLAG = "upstream_retried"  # sent again on a new connection after a reused one failed before any answer
 HEALTH_CHECK_S = 0.25
 
 
@@ -139,7 +140,9 @@ class Bookkeeper:
         elif kind == HEAD:
             trace = conn.traces.get(seq)
             if trace is not None:
-                status, content_type, encoding = orjson.loads(payload)
+                status, content_type, encoding, retried = orjson.loads(payload)
+                if retried:  # the relay sent it again after a reused connection failed (proxy/server.py)
+                    trace.flags.append(RETRIED_FLAG)
                 trace.response_started(status, content_type, encoding, t_ns=t)
         elif kind == FINISH:
             trace = conn.traces.pop(seq, None)

@@ -52,7 +52,7 @@ QUERY_TIMEOUT_S = 10.0
 class Relayed:
     """One request as its relay follows it: a number, an id, and what is known without reading anything."""
 
-    __slots__ = ("lost", "ov_max", "ov_n", "ov_ns", "request_id", "seq", "shed", "start_ns")
+    __slots__ = ("lost", "ov_max", "ov_n", "ov_ns", "request_id", "retried", "seq", "shed", "start_ns")
 
     def __init__(self, seq: int, start_ns: int) -> None:
         self.seq = seq
@@ -63,6 +63,7 @@ class Relayed:
         self.ov_ns = 0  # time the relay spent on bookkeeping for this request (appending its events)
         self.ov_max = 0
         self.ov_n = 0
+        self.retried: str | None = None  # sent a second time upstream, and why
 
 
 class _SocketSide(asyncio.Protocol):
@@ -184,9 +185,12 @@ class EventLink:
         self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
         return r
 
-    def head(self, r: Relayed, status: int, content_type: str | None, content_encoding: str | None) -> None:
+    def head(
+        self, r: Relayed, status: int, content_type: str | None, content_encoding: str | None, retried: str | None
+    ) -> None:
         if not r.lost:
-            self._append(HEAD, r.seq, time.perf_counter_ns(), orjson.dumps([status, content_type, content_encoding]))
+            doc = orjson.dumps([status, content_type, content_encoding, retried])
+            self._append(HEAD, r.seq, time.perf_counter_ns(), doc)
 
     def chunk(self, r: Relayed, t_ns: int, data: bytes) -> None:
         if r.shed or r.lost:

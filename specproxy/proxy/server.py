@@ -5,7 +5,8 @@ aiohttp details that matter here (engine-facts.md, "Proxying pitfalls"): the cli
 (long generations), connect and idle-read timeouts instead; no connection cap by default; upstream bodies read with
 ``iter_any()`` (lines of any length). The server runs with handler cancellation on, so a client that disconnects
 cancels its handler at once, which closes the upstream connection: vLLM then aborts the request and frees the GPU,
-also during prefill before the first byte.
+also during prefill before the first byte. A request whose pooled connection fails before any byte of an answer (the
+upstream closed it as it was reused) is sent once more on a new connection, POST included (:func:`_relay`).
 
 Byte for byte also for the request target (RFC 9112 3.2): ``request.raw_path`` is forwarded as sent (see
 :meth:`Upstream.url`), and recorded without its query string. The front door (:mod:`specproxy.serving`): a body
@@ -251,14 +252,25 @@ async def _relay(
         data = _pieces(body.pieces())
     elif body.size:
         data = body.whole()
+    url = request.app[UPSTREAM].url(target)
+    pooled = _Pooled()
     try:
-        upstream = await session.request(
-            request.method,
-            request.app[UPSTREAM].url(target),
-            headers=headers,
-            data=data,
-            allow_redirects=False,
-        )
+        try:
+            upstream = await session.request(
+                request.method, url, headers=headers, data=data, allow_redirects=False, trace_request_ctx=pooled
+            )
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            if not pooled.reused or isinstance(e, aiohttp.ClientConnectorError):
+                raise
+            # A pooled connection the upstream closed as we sent (its keep-alive ran out, a balancer dropped it): no
+            # byte of an answer came. Sent once more on a new connection, as clients do for idempotent methods (and
+            # aiohttp did already for those): a POST to an inference engine generates, it changes nothing, and the
+            # other answer is a 502 for a request the engine never saw. A second failure is answered as it is.
+            relayed.retried = f"{type(e).__name__} on a reused connection"
+            data = _pieces(body.pieces()) if body.size > LARGE_BODY else data
+            upstream = await session.request(
+                request.method, url, headers=headers, data=data, allow_redirects=False, trace_request_ctx=_Pooled()
+            )
     except aiohttp.ClientConnectorError as e:
         reason = _safe(request, f"upstream unreachable: {_connect_failure(e)}")
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
@@ -269,7 +281,8 @@ async def _relay(
             reason = f"upstream idle-read timeout: no response headers within {cfg.idle_timeout_s:g} s"
         return _json_error(504, reason, "GatewayTimeout", rid), "timeout", reason
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-        reason = _safe(request, f"upstream connection failed: {e}")
+        again = " (sent twice: the first on a reused connection that failed too)" if relayed.retried else ""
+        reason = _safe(request, f"upstream connection failed: {e}{again}")
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
     except aiohttp.ClientResponseError as e:  # not HTTP: the message quotes the bytes, the error names the URL
         reason = _safe(request, f"upstream sent an invalid response: {e.message}")
@@ -292,6 +305,20 @@ async def _relay(
 LARGE_BODY = 1024 * 1024
 
 
+class _Pooled:
+    """Per upstream request (aiohttp's ``trace_request_ctx``): whether it went out on a connection from the pool."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _on_reuse(session: Any, ctx: Any, params: Any) -> None:
+    if isinstance(ctx.trace_request_ctx, _Pooled):
+        ctx.trace_request_ctx.reused = True
+
+
 async def _pieces(pieces: list[bytes]) -> AsyncIterator[bytes]:
     for p in pieces:
         yield p
@@ -302,7 +329,7 @@ async def _relay_body(
 ) -> tuple[web.StreamResponse, str, str | None]:
     link = request.app[LINK]
     content_type = upstream.headers.get("Content-Type")
-    link.head(relayed, upstream.status, content_type, upstream.headers.get("Content-Encoding"))
+    link.head(relayed, upstream.status, content_type, upstream.headers.get("Content-Encoding"), relayed.retried)
     resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     drop = _RESP_DROP | _connection_tokens(upstream.headers)
     for k, v in upstream.headers.items():
@@ -431,8 +458,14 @@ def upstream_session(cfg: ProxyConfig) -> aiohttp.ClientSession:
     """The client session to the upstream (and its /metrics): no connection cap, no total timeout, bytes as sent."""
     connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
+    pooled = aiohttp.TraceConfig()
+    pooled.on_connection_reuseconn.append(_on_reuse)  # which requests went out on a pooled connection (_relay)
     return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trace_configs=[pooled],
     )
 
 
