@@ -139,6 +139,18 @@ def test_a_max_tokens_cut_takes_only_its_last_intervals_remainder() -> None:
     assert got.estimate.counts.accepted == 2 + 1 + 2  # what its chunks show, and the cut's tail once
 
 
+def test_a_cut_whose_last_step_never_settled_takes_no_tail() -> None:
+    led = CounterLedger()
+    led.begin("a")
+    end = _stream(led, "a", [2, 2], 1)
+    led.settle(end * MS, _delta(2, accepted=4, drafts=2))  # 2 more than its chunks show
+    led.record_chunk("a", 2, 20 * MS, exact=True)  # its last step: no scrape after it
+    led.end("a", truncated=True)
+    got = led.pop("a")
+    assert got is not None and got.intervals == 1 and not got.estimate.exact
+    assert got.estimate.counts.accepted == 2  # what its settled chunks show; the remainder is not its cut's tail
+
+
 def test_deltas_without_our_steps_are_unattributed() -> None:
     led = CounterLedger()
     led.settle(10 * MS, _delta(5, accepted=4, drafts=5))

@@ -12,7 +12,14 @@ import pytest
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.estimates import from_server
 from specproxy.core.dialects import dialect_for, stream_framing
-from specproxy.core.dialects.engine import decode_off_engine, from_probe, from_server_header, resolve
+from specproxy.core.dialects.engine import (
+    decode_figure,
+    decode_off_engine,
+    from_probe,
+    from_server_header,
+    resolve,
+    token_span,
+)
 from specproxy.core.dialects.native import sglang_spec
 from specproxy.core.ndjson import NDJSONDecoder
 from specproxy.core.openai_stream import interpret
@@ -334,11 +341,25 @@ def test_engine_clues() -> None:
     assert resolve("auto", None, None) is None
 
 
-def test_a_decode_rate_far_from_the_engines_own_is_told() -> None:
-    timed = {"decode_tokens": 63.0, "decode_s": 0.63}  # the engine decoded at 100 tok/s
-    assert not decode_off_engine(100.0, timed) and not decode_off_engine(76.0, timed)
-    assert not decode_off_engine(124.0, timed)
-    assert decode_off_engine(74.0, timed) and decode_off_engine(126.0, timed) and decode_off_engine(541.0, timed)
-    assert decode_off_engine(None, timed)  # every chunk in one read: untimed, though the engine timed it
-    assert not decode_off_engine(None, None) and not decode_off_engine(5.0, {"decode_s": 1.0})  # the engine did not
-    assert not decode_off_engine(500.0, {"decode_tokens": 7.0, "decode_s": 0.07})  # too short to tell
+def test_a_decode_span_far_from_the_engines_own_is_told() -> None:
+    timed = {"decode_tokens": 63.0, "decode_s": 0.63}  # the engine decoded 63 tokens after the first in 0.63 s
+    assert not decode_off_engine(0.63, timed) and not decode_off_engine(0.48, timed)
+    assert not decode_off_engine(0.78, timed)
+    assert decode_off_engine(0.47, timed) and decode_off_engine(0.79, timed) and decode_off_engine(0.07, timed)
+    assert decode_off_engine(0.0, timed)  # every chunk in one read: untimed, though the engine timed it
+    assert not decode_off_engine(0.0, None) and not decode_off_engine(5.0, {"decode_s": 1.0})  # the engine did not
+    assert not decode_off_engine(5.0, {"decode_tokens": 7.0, "decode_s": 0.07})  # too short to tell
+    assert token_span([(0.1, 0), (0.2, 1), (0.3, 0), (0.5, 2), (0.6, 0)]) == pytest.approx(0.3)
+    assert token_span([(0.2, 1)]) == 0.0
+
+
+def test_the_decode_figure_follows_the_engine_that_timed_it() -> None:
+    llama = {"decode_tokens": 30.0, "decode_s": 0.3}
+    chunks = [(0.0, 1), (1.0, 1)]
+    # llama.cpp's own rate replaces the chunks', whichever engine was configured, if the response's shape says llama.cpp
+    assert decode_figure(("vllm", "llamacpp"), True, chunks, 1.0, llama) == (100.0, "decode_rate_from_engine")
+    assert decode_figure(("ollama", None), True, chunks, 1.0, llama) == (100.0, "decode_rate_from_engine")
+    # vLLM's is only a check: 1 s of chunks against the engine's 0.3 s
+    assert decode_figure(("vllm", "vllm"), True, chunks, 29.0, llama) == (29.0, "decode_rate_off_engine")
+    assert decode_figure(("vllm", "vllm"), True, [(0.0, 1), (0.31, 1)], 29.0, llama) == (29.0, None)
+    assert decode_figure(("vllm", "vllm"), False, chunks, 29.0, llama) == (29.0, None)  # not streamed: no span

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from specproxy.core.dialects.engine import decode_figure, token_span
 from specproxy.core.openai_stream import interpret, interpret_json
 from specproxy.core.sse import SSEDecoder
 from specproxy.core.stats import decode_tok_s, percentile, step_and_token_gaps, summarize
@@ -121,6 +122,27 @@ def test_steps_without_text_are_tokens_when_usage_comes_only_at_the_end() -> Non
     assert len(tl.chunks) == step_chunks == 12 and all(n >= 1 for _, n in tl.chunks)
     assert tl.first_token_ns == 2_000_000  # the second event: a token with no text
     assert r.completion_tokens == 24
+
+
+def test_a_text_counted_reply_read_on_time_is_not_off_the_engines_clock() -> None:
+    """With usage only at the end, the chunks' token counts come from text and need not match the engine's count, so
+    their rate differs from vLLM's own though nothing was read late: the check compares time spans, not rates."""
+    events = list(SSEDecoder().feed((DATA / "chat-stream-ngram-k3-ja-usage-at-end.sse").read_bytes()))
+    parsed = [interpret(ev.data) for ev in events]
+    timed = parsed[-2].engine_timings
+    assert timed is not None and timed["decode_tokens"] == 23 and timed["decode_s"] == pytest.approx(0.9659864640)
+    steps = [i for i, c in enumerate(parsed) if c.has_choices and not c.role]
+    gap_ns = int(timed["decode_s"] * 1e9 / (len(steps) - 1))  # the token chunks spread over the engine's own span
+    tl = ResponseTimeline(0, stream=True, tokenizer=ApproxTokenizer())
+    t_ns = 0
+    for i, ev in enumerate(events):
+        t_ns += gap_ns if i in steps[1:] else 1_000
+        tl.feed(t_ns, f"data: {ev.data}\n\n".encode())
+    r = tl.result(t_ns)
+    rate = decode_tok_s(tl.chunks)
+    assert rate is not None and abs(rate / (23 / timed["decode_s"]) - 1) > 0.25  # the rates disagree by counting
+    assert token_span(tl.chunks) == pytest.approx(timed["decode_s"], rel=1e-3)
+    assert decode_figure(("vllm", r.engine_hint), True, tl.chunks, rate, timed) == (rate, None)  # the spans agree
 
 
 def test_odd_events_never_crash() -> None:

@@ -208,7 +208,8 @@ class CounterLedger:
         if not r.intervals:
             return None
         version, coef, partial, rates, multi = self._models()
-        if r.truncated:
+        if r.truncated and not r.incomplete:
+            # (Incomplete: its last step's interval never settled, and no interval may take the tail for it.)
             # The unemitted drafts of a max_tokens cut are counted in the step that sent its last chunk, so only
             # the interval holding that step may give them to it. An earlier interval's unexplained remainder is not
             # its: it kept streaming after. (Giving each interval's remainder read 15 % over the counter delta on a

@@ -206,7 +206,9 @@ class Recorder:
         rec["cached_tokens"] = tl.cached_tokens
         rec["token_source"] = tl.token_source
         rec["ttft_s"] = tl.ttft_s
-        rec["decode_tok_s"], decode_flag = decode_figure(engine, tl.stream, tl.decode_tok_s, tl.engine_timings)
+        rec["decode_tok_s"], decode_flag = decode_figure(
+            (engine, tl.engine_hint), tl.stream, tl.chunks, tl.decode_tok_s, tl.engine_timings
+        )
         flags += [decode_flag] if decode_flag else []
         rec["engine_timings"] = tl.engine_timings
         rec["tpot_s"] = tl.tpot_s

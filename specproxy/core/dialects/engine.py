@@ -10,7 +10,7 @@ well-known paths at start (Ollama's ``GET /api/version``, llama.cpp's ``GET /pro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 ENGINES = ("vllm", "sglang", "ollama", "llamacpp")
@@ -78,31 +78,46 @@ def decode_rate(timings: Mapping[str, float] | None) -> float | None:
     return n / s if n and s else None
 
 
-# A chunk-timed decode rate further than this from the engine's own timing of the same request was not timed when the
-# chunks arrived: the measuring process read them late (descheduled on a busy host), merging steps into one read.
+# A decode span timed from chunks further than this from the engine's own timing of the same request was not timed
+# when the chunks arrived: the measuring process read them late (descheduled on a busy host), merging steps into one
+# read. Spans, not rates: a rate timed from chunks counts tokens from text when the usage comes only at the end, and
+# may differ from the engine's count for that reason alone.
 OFF_ENGINE = 0.25
-OFF_ENGINE_MIN_TOKENS = 8  # too few tokens, and one late read moves the rate by more than that
+OFF_ENGINE_MIN_TOKENS = 8  # too few tokens, and one late read moves the span by more than that
 
 
-def decode_off_engine(chunk_rate: float | None, timings: Mapping[str, float] | None) -> bool:
-    """Whether a decode rate timed from chunks is more than :data:`OFF_ENGINE` off the engine's own rate
-    (:func:`decode_rate`), or could not be timed at all while the engine timed it. False when the engine did not time
-    the request or decoded fewer than :data:`OFF_ENGINE_MIN_TOKENS` tokens."""
-    engine_rate = decode_rate(timings)
-    if engine_rate is None or (timings or {}).get("decode_tokens", 0) < OFF_ENGINE_MIN_TOKENS:
+def token_span(chunks: Sequence[tuple[float, int]]) -> float:
+    """Seconds from the first token-bearing chunk to the last (0 when fewer than two)."""
+    steps = [t for t, n in chunks if n > 0]
+    return steps[-1] - steps[0] if len(steps) > 1 else 0.0
+
+
+def decode_off_engine(span_s: float, timings: Mapping[str, float] | None) -> bool:
+    """Whether the decode span timed from chunks (first token chunk to last) is more than :data:`OFF_ENGINE` off the
+    engine's own (``decode_s``), or was not timed at all (every token in one read) while the engine timed it. False
+    when the engine did not time the request or decoded fewer than :data:`OFF_ENGINE_MIN_TOKENS` tokens after the
+    first."""
+    t = timings or {}
+    engine_s, tokens = t.get("decode_s"), t.get("decode_tokens")
+    if not engine_s or engine_s <= 0 or tokens is None or tokens < OFF_ENGINE_MIN_TOKENS:
         return False
-    return chunk_rate is None or abs(chunk_rate / engine_rate - 1.0) > OFF_ENGINE
+    return span_s <= 0 or abs(span_s / engine_s - 1.0) > OFF_ENGINE
 
 
 def decode_figure(
-    engine: str | None, stream: bool, chunk_rate: float | None, timings: Mapping[str, float] | None
+    engines: tuple[str | None, ...],
+    stream: bool,
+    chunks: Sequence[tuple[float, int]],
+    chunk_rate: float | None,
+    timings: Mapping[str, float] | None,
 ) -> tuple[float | None, str | None]:
-    """A record's ``decode_tok_s`` and the flag that qualifies it. Ollama and llama.cpp stream one event per token
-    whatever they drafted: their own timing replaces the chunks' (``decode_rate_from_engine``). vLLM's
-    (``--enable-per-request-metrics``) is kept beside the chunk-timed rate, which is what clients see, and only
-    marks a rate the reader timed late (``decode_rate_off_engine``)."""
-    if engine in PER_TOKEN_ENGINES and (rate := decode_rate(timings)) is not None:
+    """A record's ``decode_tok_s`` and the flag that qualifies it. ``engines``: the engine resolved for the record and
+    the one the response's shape names. Ollama and llama.cpp stream one event per token whatever they drafted: their
+    own timing replaces the chunks' (``decode_rate_from_engine``). vLLM's (``--enable-per-request-metrics``) is kept
+    beside the chunk-timed rate, which is what clients see, and only marks a rate the reader timed late
+    (``decode_rate_off_engine``)."""
+    if PER_TOKEN_ENGINES.intersection(engines) and (rate := decode_rate(timings)) is not None:
         return rate, "decode_rate_from_engine"
-    if stream and decode_off_engine(chunk_rate, timings):
+    if stream and decode_off_engine(token_span(chunks), timings):
         return chunk_rate, "decode_rate_off_engine"
     return chunk_rate, None
