@@ -91,10 +91,11 @@ async def test_the_load_generator_never_sends_on_a_connection_the_engine_may_hav
 
 
 @asynccontextmanager
-async def closing_upstream(drop_fresh_after: int) -> AsyncIterator[tuple[str, list[str]]]:
+async def closing_upstream(drop_fresh_after: int, work_s: float = 0.0) -> AsyncIterator[tuple[str, list[str]]]:
     """An HTTP/1.1 server that answers the first request of each connection with ``{}`` and drops, unanswered, every
     later request on that connection: the race of a keep-alive close, made certain. After ``drop_fresh_after``
-    answers in all, it drops the first request of new connections too (an upstream that is going away)."""
+    answers in all, it drops the first request of new connections too (an upstream that is going away). With
+    ``work_s``, a request it drops is first read whole and worked on that long (an engine that dies generating)."""
     seen: list[str] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -102,15 +103,18 @@ async def closing_upstream(drop_fresh_after: int) -> AsyncIterator[tuple[str, li
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                if served or seen.count("answered") >= drop_fresh_after:
-                    seen.append("dropped")
-                    writer.transport.abort()
-                    return
                 length = 0
                 for line in head.split(b"\r\n")[1:]:
                     name, _, value = line.partition(b":")
                     if name.strip().lower() == b"content-length":
                         length = int(value)
+                if served or seen.count("answered") >= drop_fresh_after:
+                    if work_s:
+                        await reader.readexactly(length)
+                        await asyncio.sleep(work_s)
+                    seen.append("dropped")
+                    writer.transport.abort()
+                    return
                 await reader.readexactly(length)
                 seen.append("answered")
                 served += 1
@@ -148,9 +152,10 @@ async def test_a_post_on_a_pooled_connection_the_upstream_closed_is_sent_again_o
         await px.flush()
         recs = px.records()
     assert [status for status, _ in got] == [200, 200, 200] and all(b == b"{}" for _, b in got), got
-    assert seen == ["answered", "dropped", "answered", "dropped", "answered"], seen
+    # the second send went out on a new connection, closed after it: the third request takes a new one too
+    assert seen == ["answered", "dropped", "answered", "answered"], seen
     flags = [r["flags"] for r in sorted(recs, key=lambda r: r["started_at"])]
-    assert ["upstream_retried" in f for f in flags] == [False, True, True], flags
+    assert ["upstream_retried" in f for f in flags] == [False, True, False], flags
     assert all(r["outcome"] == "ok" and r["status"] == 200 for r in recs)
 
 
@@ -174,3 +179,50 @@ async def test_a_post_that_fails_on_a_new_connection_is_not_sent_again(tmp_path:
     ):
         got = await _posts(px.url, 1)
     assert [status for status, _ in got] == [502] and seen == ["dropped"], (got, seen)
+
+
+async def test_the_second_send_goes_out_on_a_new_connection_whatever_the_pool_holds(tmp_path: Path) -> None:
+    """Three pooled connections, each of which the upstream will drop: the second send must not take another."""
+    async with (
+        closing_upstream(drop_fresh_after=99) as (upstream, seen),
+        running_proxy(upstream, tmp_path, metrics=False) as px,
+        Target(px.url).session() as s,
+    ):
+
+        async def post() -> int:
+            async with s.post(px.url + "/v1/chat/completions", data=BODY) as resp:
+                await resp.read()
+                return resp.status
+
+        first = await asyncio.gather(*(post() for _ in range(3)))  # three connections upstream, back in the pool
+        then = await post()
+    assert first == [200, 200, 200] and then == 200, (first, then)
+    assert seen.count("dropped") == 1 and seen.count("answered") == 4, seen
+
+
+async def test_an_upstream_that_read_the_request_and_died_on_it_is_not_sent_it_again(tmp_path: Path) -> None:
+    """A pooled connection that fails well after the request went out (an engine that died generating) is not a
+    keep-alive race: the request is answered 502, not generated twice."""
+    async with (
+        closing_upstream(drop_fresh_after=99, work_s=1.5) as (upstream, seen),
+        running_proxy(upstream, tmp_path, metrics=False) as px,
+    ):
+        got = await _posts(px.url, 2)
+        await px.flush()
+        recs = sorted(px.records(), key=lambda r: r["started_at"])
+    assert [status for status, _ in got] == [200, 502] and seen == ["answered", "dropped"], (got, seen)
+    assert "upstream_retried" not in recs[1]["flags"] and "sent twice" not in (recs[1]["error"] or "")
+
+
+async def test_an_idempotent_request_is_left_to_the_client_library(tmp_path: Path) -> None:
+    """aiohttp resends GET (and the other idempotent methods) itself, on a pooled connection: the relay adds no send
+    of its own, so a GET goes out at most twice."""
+    async with (
+        closing_upstream(drop_fresh_after=1) as (upstream, seen),
+        running_proxy(upstream, tmp_path, metrics=False) as px,
+        Target(px.url).session() as s,
+    ):
+        for _ in range(2):
+            async with s.get(px.url + "/v1/models") as resp:
+                await resp.read()
+    assert seen[0] == "answered" and 1 <= seen.count("dropped") <= 2 and len(seen) <= 3, seen

@@ -140,17 +140,17 @@ class Bookkeeper:
         elif kind == HEAD:
             trace = conn.traces.get(seq)
             if trace is not None:
-                status, content_type, encoding, retried = orjson.loads(payload)
-                if retried:  # the relay sent it again after a reused connection failed (proxy/server.py)
-                    trace.flags.append(RETRIED_FLAG)
+                status, content_type, encoding = orjson.loads(payload)
                 trace.response_started(status, content_type, encoding, t_ns=t)
         elif kind == FINISH:
             trace = conn.traces.pop(seq, None)
             if trace is not None:
-                outcome, error, ov_ns, ov_max, ov_n, shed = orjson.loads(payload)
+                outcome, error, ov_ns, ov_max, ov_n, shed, retried = orjson.loads(payload)
                 trace.overhead_ns, trace.overhead_max_ns, trace.overhead_count = ov_ns, ov_max, ov_n
                 if shed and SHED_FLAG not in trace.flags:
                     trace.flags.append(SHED_FLAG)
+                if retried:  # the relay sent it again after a reused connection failed (proxy/server._send)
+                    trace.flags.append(RETRIED_FLAG)
                 self.recorder.finish(trace, outcome, error, end_ns=t)
         elif kind == REFUSED:
             self.recorder.refused(t)

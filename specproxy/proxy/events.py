@@ -21,9 +21,9 @@ _BEGIN_HEAD = struct.Struct("<II")  # length of the JSON part, length of the bod
 
 # relay -> bookkeeper
 BEGIN = 1  # t: start_ns; payload: begin_payload()
-HEAD = 2  # t: when the response head arrived; payload: [status, content type, content encoding, retried: why or null]
+HEAD = 2  # t: when the response head arrived; payload: [status, content type, content encoding]
 CHUNK = 3  # t: when the read arrived; payload: the bytes as relayed
-FINISH = 4  # t: end_ns; payload: [outcome, error, overhead ns, overhead max ns, overhead count, shed]
+FINISH = 4  # t: end_ns; payload: [outcome, error, overhead ns, max, count, shed, resent: why or null]
 REFUSED = 5  # t: the status the proxy answered with (413, 408), no record
 STATS = 6  # payload: the relay's counters (orjson object)
 QUERY = 7  # seq: query id; payload: the path of an own endpoint (/specproxy/status, /specproxy/metrics)

@@ -185,12 +185,9 @@ class EventLink:
         self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
         return r
 
-    def head(
-        self, r: Relayed, status: int, content_type: str | None, content_encoding: str | None, retried: str | None
-    ) -> None:
+    def head(self, r: Relayed, status: int, content_type: str | None, content_encoding: str | None) -> None:
         if not r.lost:
-            doc = orjson.dumps([status, content_type, content_encoding, retried])
-            self._append(HEAD, r.seq, time.perf_counter_ns(), doc)
+            self._append(HEAD, r.seq, time.perf_counter_ns(), orjson.dumps([status, content_type, content_encoding]))
 
     def chunk(self, r: Relayed, t_ns: int, data: bytes) -> None:
         if r.shed or r.lost:
@@ -216,7 +213,7 @@ class EventLink:
         if r.lost or not self.alive:
             self.lost += 1
             return
-        doc = orjson.dumps([outcome, error, r.ov_ns, r.ov_max, r.ov_n, r.shed])
+        doc = orjson.dumps([outcome, error, r.ov_ns, r.ov_max, r.ov_n, r.shed, r.retried])
         self._append(FINISH, r.seq, end_ns, doc)
 
     def refused(self, status: int) -> None:

@@ -6,7 +6,7 @@ aiohttp details that matter here (engine-facts.md, "Proxying pitfalls"): the cli
 ``iter_any()`` (lines of any length). The server runs with handler cancellation on, so a client that disconnects
 cancels its handler at once, which closes the upstream connection: vLLM then aborts the request and frees the GPU,
 also during prefill before the first byte. A request whose pooled connection fails before any byte of an answer (the
-upstream closed it as it was reused) is sent once more on a new connection, POST included (:func:`_relay`).
+upstream closed it as it was reused) is sent once more on a new connection, POST included (:func:`_send`).
 
 Byte for byte also for the request target (RFC 9112 3.2): ``request.raw_path`` is forwarded as sent (see
 :meth:`Upstream.url`), and recorded without its query string. The front door (:mod:`specproxy.serving`): a body
@@ -31,7 +31,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -92,6 +92,7 @@ RECORDER = web.AppKey("recorder", Recorder)  # only with the bookkeeper on this 
 BOOKKEEPER = web.AppKey("bookkeeper", Bookkeeper)
 LINK = web.AppKey("link", EventLink)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+FRESH_SESSION = web.AppKey("fresh_session", aiohttp.ClientSession)  # a new connection per request: resends (_send)
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
 STALLED = web.AppKey("stalled", StalledReads)
 
@@ -241,54 +242,28 @@ def _is_connect_timeout(e: TimeoutError) -> bool:
 async def _relay(
     request: web.Request, cfg: ProxyConfig, target: str, body: Body, relayed: Relayed
 ) -> tuple[web.StreamResponse, str, str | None]:
-    session = request.app[SESSION]
     rid = relayed.request_id
     headers = _forward_request_headers(request)
-    data: Any = None
-    if body.size > LARGE_BODY:
-        # Forwarded in the pieces it came in, with its length: joining tens of megabytes, or writing them in one
-        # call, would stall the loop (aiohttp warns of bytes over 1 MiB for the same reason).
-        headers["Content-Length"] = str(body.size)
-        data = _pieces(body.pieces())
-    elif body.size:
-        data = body.whole()
-    url = request.app[UPSTREAM].url(target)
-    pooled = _Pooled()
     try:
-        try:
-            upstream = await session.request(
-                request.method, url, headers=headers, data=data, allow_redirects=False, trace_request_ctx=pooled
-            )
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if not pooled.reused or isinstance(e, aiohttp.ClientConnectorError):
-                raise
-            # A pooled connection the upstream closed as we sent (its keep-alive ran out, a balancer dropped it): no
-            # byte of an answer came. Sent once more on a new connection, as clients do for idempotent methods (and
-            # aiohttp did already for those): a POST to an inference engine generates, it changes nothing, and the
-            # other answer is a 502 for a request the engine never saw. A second failure is answered as it is.
-            relayed.retried = f"{type(e).__name__} on a reused connection"
-            data = _pieces(body.pieces()) if body.size > LARGE_BODY else data
-            upstream = await session.request(
-                request.method, url, headers=headers, data=data, allow_redirects=False, trace_request_ctx=_Pooled()
-            )
+        upstream = await _send(request, request.app[UPSTREAM].url(target), headers, body, relayed)
     except aiohttp.ClientConnectorError as e:
-        reason = _safe(request, f"upstream unreachable: {_connect_failure(e)}")
+        reason = _safe(request, f"upstream unreachable: {_connect_failure(e)}") + _again(relayed)
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
     except TimeoutError as e:
         if _is_connect_timeout(e):
             reason = f"upstream connect timeout: not connected within {cfg.connect_timeout_s:g} s"
         else:
             reason = f"upstream idle-read timeout: no response headers within {cfg.idle_timeout_s:g} s"
+        reason += _again(relayed)
         return _json_error(504, reason, "GatewayTimeout", rid), "timeout", reason
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-        again = " (sent twice: the first on a reused connection that failed too)" if relayed.retried else ""
-        reason = _safe(request, f"upstream connection failed: {e}{again}")
+        reason = _safe(request, f"upstream connection failed: {e}") + _again(relayed)
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
     except aiohttp.ClientResponseError as e:  # not HTTP: the message quotes the bytes, the error names the URL
-        reason = _safe(request, f"upstream sent an invalid response: {e.message}")
+        reason = _safe(request, f"upstream sent an invalid response: {e.message}") + _again(relayed)
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
     except aiohttp.ClientError as e:
-        reason = _safe(request, f"upstream error: {type(e).__name__}: {e}")
+        reason = _safe(request, f"upstream error: {type(e).__name__}: {e}") + _again(relayed)
         return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
     finished = False
     try:
@@ -319,6 +294,48 @@ async def _on_reuse(session: Any, ctx: Any, params: Any) -> None:
         ctx.trace_request_ctx.reused = True
 
 
+# A pooled connection closed under a request fails at once (the upstream's close crossed our send). A failure later
+# than this after sending is an upstream that read the request and died on it: that one is not sent again.
+RESEND_WITHIN_S = 1.0
+
+
+async def _send(
+    request: web.Request, url: URL, headers: Mapping[str, str], body: Body, relayed: Relayed
+) -> aiohttp.ClientResponse:
+    """The request upstream. When it went out on a pooled connection that failed before any byte of an answer, within
+    :data:`RESEND_WITHIN_S` (the upstream, or a balancer, closed the kept-alive connection as it was reused), it is
+    sent once more on a new connection. Browsers and curl do the same for any method (Chromium:
+    ``HttpNetworkTransaction::ShouldResendRequest``); aiohttp does it for idempotent methods only, and already has
+    for those. A POST to an inference engine generates and changes nothing; the other answer is a 502 for a request
+    the engine never saw. A second failure is answered as it is."""
+
+    def data() -> Any:
+        # Large bodies go in the pieces they came in, with their length: joining tens of megabytes, or writing them in
+        # one call, would stall the loop (aiohttp warns of bytes over 1 MiB for the same reason).
+        return _pieces(body.pieces()) if body.size > LARGE_BODY else body.whole() if body.size else None
+
+    if body.size > LARGE_BODY:
+        headers = {**headers, "Content-Length": str(body.size)}
+    pooled = _Pooled()
+    sent = time.monotonic()
+    try:
+        return await request.app[SESSION].request(
+            request.method, url, headers=headers, data=data(), allow_redirects=False, trace_request_ctx=pooled
+        )
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        resend = pooled.reused and request.method not in aiohttp.client.IDEMPOTENT_METHODS
+        if not resend or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > RESEND_WITHIN_S:
+            raise
+        relayed.retried = f"{type(e).__name__} on a reused connection"
+    return await request.app[FRESH_SESSION].request(
+        request.method, url, headers=headers, data=data(), allow_redirects=False
+    )
+
+
+def _again(relayed: Relayed) -> str:
+    return " (sent twice: the first on a reused connection that failed before any answer)" if relayed.retried else ""
+
+
 async def _pieces(pieces: list[bytes]) -> AsyncIterator[bytes]:
     for p in pieces:
         yield p
@@ -329,7 +346,7 @@ async def _relay_body(
 ) -> tuple[web.StreamResponse, str, str | None]:
     link = request.app[LINK]
     content_type = upstream.headers.get("Content-Type")
-    link.head(relayed, upstream.status, content_type, upstream.headers.get("Content-Encoding"), relayed.retried)
+    link.head(relayed, upstream.status, content_type, upstream.headers.get("Content-Encoding"))
     resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     drop = _RESP_DROP | _connection_tokens(upstream.headers)
     for k, v in upstream.headers.items():
@@ -427,6 +444,7 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
     async def resources(app: web.Application) -> Any:
         session = upstream_session(cfg)
         app[SESSION] = session
+        app[FRESH_SESSION] = fresh = upstream_session(cfg, fresh=True)
         keeper: Bookkeeper | None = None
         sweeper = asyncio.create_task(stalled.run())
         try:
@@ -446,6 +464,7 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
             if keeper is not None:
                 await keeper.close()
             await session.close()
+            await fresh.close()
 
     app.cleanup_ctx.append(resources)
     # One route for every method and path: the routing is handle's, on the raw target. [\s\S], not ".", because
@@ -454,9 +473,13 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
     return app
 
 
-def upstream_session(cfg: ProxyConfig) -> aiohttp.ClientSession:
-    """The client session to the upstream (and its /metrics): no connection cap, no total timeout, bytes as sent."""
-    connector = aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
+def upstream_session(cfg: ProxyConfig, *, fresh: bool = False) -> aiohttp.ClientSession:
+    """The client session to the upstream (and its /metrics): no connection cap, no total timeout, bytes as sent.
+    ``fresh``: every request on a new connection, closed after it."""
+    connector = aiohttp.TCPConnector(
+        limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=None if fresh else CLIENT_KEEPALIVE_S,
+        force_close=fresh,
+    )  # fmt: skip
     timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
     pooled = aiohttp.TraceConfig()
     pooled.on_connection_reuseconn.append(_on_reuse)  # which requests went out on a pooled connection (_relay)
