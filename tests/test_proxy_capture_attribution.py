@@ -115,3 +115,50 @@ async def test_metrics_down_falls_back_and_says_so(tmp_path: Path) -> None:
             assert px.recorder.scraper.state.errors >= 1
     finally:
         await up.server.close()
+
+
+async def test_one_failed_closing_scrape_does_not_cost_the_record_its_counters(tmp_path: Path) -> None:
+    """A scrape that fails once (a timeout on a busy host) while a finished request waits for its closing delta: the
+    next good scrape still covers its steps, so its counter figures stay exact and it is not flagged."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    pieces = capture_pieces("chat-stream-ngram-k3-code.sse")
+    state = {"done": False, "failed": 0}
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for p in pieces:
+            await resp.write(p)
+        await resp.write_eof()
+        state["done"] = True
+        return resp
+
+    async def metrics(request: web.Request) -> web.Response:
+        if state["done"] and not state["failed"]:
+            state["failed"] += 1  # the first scrape after the stream: an error
+            return web.Response(status=500, text="busy")
+        name = "metrics-ngram-after-code.txt" if state["done"] else "metrics-ngram-before-code.txt"
+        return web.Response(text=_metrics(name), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/chat/completions", chat)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        async with running_proxy(url, tmp_path) as px, aiohttp.ClientSession() as s:
+            await _wait_baseline(px)
+            async with s.post(px.url + "/v1/chat/completions", data=b'{"stream":true}') as r:
+                await r.read()
+            await px.flush()
+            (rec,) = px.records()
+    finally:
+        await server.close()
+    assert state["failed"] == 1
+    est = rec["spec"]["estimates"]["counters"]
+    assert est["exact"] is True and est["accepted"] == 21 and est["drafts"] == 16, est
+    assert "metrics_unavailable" not in rec["flags"], rec["flags"]

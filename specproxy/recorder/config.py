@@ -23,6 +23,7 @@ class RecorderConfig:
     scrape_timeout_s: float = 2.0
     scrape_min_gap_s: float = 0.1  # the floor between two scrapes, however many requests end
     finalize_wait_s: float = 5.0  # how long a finished request waits for its closing scrape
+    scrape_failures_wait: int = 3  # ... past fewer failed scrapes in a row than this (one can time out on a busy host)
     # Without exact token counts, overlapping requests share counter deltas through a per-workload acceptance
     # model that improves with every scrape interval: their records wait for it to settle up to this long.
     calibration_hold_s: float = 60.0

@@ -131,13 +131,15 @@ class Recorder:
             if self.scraper.enabled and trace.token_chunks > 1:
                 # wait for the scrapes that cover every chunk of this request (a delta whose chunks were still
                 # on their way is settled by the next scrape)
-                deadline = time.monotonic() + self.config.finalize_wait_s
+                deadline, give_up = time.monotonic() + self.config.finalize_wait_s, self.config.scrape_failures_wait
                 while (left := deadline - time.monotonic()) > 0:
                     fut = self.scraper.request()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(asyncio.shield(fut), left)
-                    if not fut.done() or not fut.result() or not self.ledger.pending_for(rid):
+                    if not fut.done() or not self.ledger.pending_for(rid):
                         break
+                    if not fut.result() and (self.scraper.closed or self.scraper.state.failing >= give_up):
+                        break  # /metrics is down; a single failure (a timeout on a busy host): wait for the next
             if self.ledger.needs_model(rid) and not self._calibrated.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._calibrated.wait(), self.config.calibration_hold_s)

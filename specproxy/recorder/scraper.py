@@ -46,6 +46,7 @@ INLINE_PARSE_BYTES = 256 * 1024  # larger texts are filtered and parsed in a wor
 class ScrapeState:
     ok: int = 0
     errors: int = 0
+    failing: int = 0  # scrapes failed in a row, since the last good one
     resets: int = 0
     engine: str = "unknown"
     last_error: str | None = None
@@ -112,6 +113,10 @@ class Scraper:
             self._task = asyncio.create_task(self._run(), name="specproxy-scraper")
             self._wake.set()  # the baseline scrape
             self._active.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def request(self) -> asyncio.Future[bool]:
         """A future set (True on success) by the first scrape that starts after this call."""
@@ -187,6 +192,7 @@ class Scraper:
         boundary_ns = (issued_ns + returned_ns) // 2
         slack_ns = max(50_000_000, returned_ns - issued_ns)
         self.state.ok += 1
+        self.state.failing = 0
         self.state.last_error = None
         if self._last is None:
             self.state.engine = detect_engine(snap)
@@ -248,6 +254,7 @@ class Scraper:
 
     def _error(self, reason: str) -> None:
         self.state.errors += 1
+        self.state.failing += 1
         if self._on_error is not None:
             self._on_error()
         if reason != self.state.last_error:
