@@ -298,8 +298,6 @@ def _complete_and_parse(path: Path, expected: int) -> None:
         assert raw["outcome"] == "ok" and raw["status"] == 200, raw
         # ngram drafts on some steps only; under load a read can hold two steps' chunks
         assert set(raw["flags"]) <= {"partial_drafting", "multi_event_reads", "decode_rate_off_engine"}, raw["flags"]
-        # a rate off the engine's own only when the recorder read several steps at once
-        assert "decode_rate_off_engine" not in raw["flags"] or "multi_event_reads" in raw["flags"], raw
         assert raw["ttft_s"] > 0 and raw["completion_tokens"] == sum(n for _, n in raw["chunks"])
         # no decode rate only when the reply came in one read (a recorder that did not run while the engine decoded)
         assert (raw["decode_tok_s"] is not None and raw["decode_tok_s"] > 0) or (

@@ -123,8 +123,8 @@ def report_tables(report: Report) -> list[Table]:
     off = sum(g.decode_off_engine for g in report.groups)
     if off:
         notes.append(
-            f"{off} requests' decode tok/s is over 25% off the engine's own timing of them: their chunks were read "
-            "late (a busy measuring host?), so those decode figures are the reader's, not the engine's"
+            f"{off} requests' decode tok/s is over 25% off the engine's own timing of them: their chunks arrived "
+            "late (a busy host?), so those decode figures are the reader's, not the engine's"
         )
     return [
         Table(
