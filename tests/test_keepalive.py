@@ -21,9 +21,11 @@ from pathlib import Path
 from specproxy.core.headers import CLIENT_KEEPALIVE_S
 from specproxy.loadgen.target import Target
 from tests.proxyutil import running_proxy
+from tests.upstreams import content_length, serving
 
 ENGINE_KEEPALIVE_S = CLIENT_KEEPALIVE_S + 0.3
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 
 @asynccontextmanager
@@ -41,26 +43,16 @@ async def strict_keepalive_upstream() -> AsyncIterator[tuple[str, list[str]]]:
                     seen.append("dropped")
                     writer.transport.abort()
                     return
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                await reader.readexactly(length)
+                await reader.readexactly(content_length(head))
                 seen.append("answered")
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                writer.write(ANSWER)
                 await writer.drain()
                 idle_since = time.monotonic()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with serving(serve) as url:
+        yield url, seen
 
 
 async def _two_requests(url: str) -> list[int]:
@@ -103,11 +95,7 @@ async def closing_upstream(drop_fresh_after: int, work_s: float = 0.0) -> AsyncI
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
+                length = content_length(head)
                 if served or seen.count("answered") >= drop_fresh_after:
                     if work_s:
                         await reader.readexactly(length)
@@ -118,18 +106,13 @@ async def closing_upstream(drop_fresh_after: int, work_s: float = 0.0) -> AsyncI
                 await reader.readexactly(length)
                 seen.append("answered")
                 served += 1
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                writer.write(ANSWER)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with serving(serve) as url:
+        yield url, seen
 
 
 async def _posts(url: str, n: int) -> list[tuple[int, bytes]]:

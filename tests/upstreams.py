@@ -4,7 +4,8 @@ byte for byte, and with the real vLLM captures so attribution can be checked aga
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,6 +113,28 @@ class RawUpstream:
 OK_REPLY = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 
 
+def content_length(head: bytes) -> int:
+    """The Content-Length of a request head read up to its blank line (0 when it has none)."""
+    for field_line in head.split(b"\r\n")[1:]:
+        name, _, value = field_line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+@asynccontextmanager
+async def serving(
+    on_connection: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """A raw TCP server on 127.0.0.1 port 0 for the block: its URL."""
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def start_raw_upstream(reply: bytes | list[bytes] = OK_REPLY, *, close_after: bool = False) -> RawUpstream:
     """``reply``: its bytes, or pieces written 50 ms apart (each its own read); ``close_after``: close the
     connection after the reply (a body delimited by the close, as in HTTP/1.0)."""
@@ -123,10 +146,7 @@ async def start_raw_upstream(reply: bytes | list[bytes] = OK_REPLY, *, close_aft
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines.append(head.split(b"\r\n", 1)[0])
-                for field_line in head.split(b"\r\n")[1:]:
-                    name, _, value = field_line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        await reader.readexactly(int(value))
+                await reader.readexactly(content_length(head))
                 for i, piece in enumerate(pieces):
                     if i:
                         await asyncio.sleep(0.05)
