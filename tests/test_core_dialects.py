@@ -18,11 +18,11 @@ from specproxy.core.dialects.engine import (
     from_probe,
     from_server_header,
     resolve,
-    token_span,
 )
 from specproxy.core.dialects.native import sglang_spec
 from specproxy.core.ndjson import NDJSONDecoder
 from specproxy.core.openai_stream import interpret
+from specproxy.core.stats import token_span
 from specproxy.core.timeline import timeline_for
 from specproxy.core.tokens import ApproxTokenizer
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specproxy.core.dialects.engine import decode_figure, token_span
+from specproxy.core.dialects.engine import decode_figure
 from specproxy.core.openai_stream import interpret, interpret_json
 from specproxy.core.sse import SSEDecoder
-from specproxy.core.stats import decode_tok_s, percentile, step_and_token_gaps, summarize
+from specproxy.core.stats import decode_tok_s, percentile, step_and_token_gaps, summarize, token_span
 from specproxy.core.timeline import ResponseTimeline
 from specproxy.core.tokens import ApproxTokenizer, ChunkTokenCounter
 

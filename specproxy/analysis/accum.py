@@ -21,7 +21,6 @@ from specproxy.analysis.aggregate import (
     DEFAULT_GROUP_BY,
     DEFAULT_SPEC,
     GROUP_FIELDS,
-    OFF_ENGINE_FLAG,
     Figure,
     GroupReport,
     Report,
@@ -32,6 +31,7 @@ from specproxy.analysis.aggregate import (
 from specproxy.analysis.scan import ChunkBatch, GapSink, Item, StepSink
 from specproxy.analysis.sketch import Quantiles
 from specproxy.analysis.slo import FigureSpec, percentile_name
+from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
 
 T = TypeVar("T")
 

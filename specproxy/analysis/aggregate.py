@@ -15,6 +15,7 @@ from typing import Any
 
 from specproxy.analysis.acceptance import Acceptance, pool_acceptance
 from specproxy.analysis.slo import FigureSpec, goodput, percentile_name
+from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
 from specproxy.core.record import Record, number
 from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
 
@@ -53,7 +54,7 @@ class GroupReport:
     token_sources: Mapping[str, int]
     chunks_not_steps: int
     truncated: int
-    decode_off_engine: int = 0  # records flagged decode_rate_off_engine: timed late by the measuring side
+    decode_off_engine: int = 0  # records flagged decode_rate_off_engine: their chunks arrived late
 
     @property
     def errors(self) -> int:
@@ -111,7 +112,6 @@ def is_ok(rec: Record) -> bool:
     return rec["outcome"] == "ok"
 
 
-OFF_ENGINE_FLAG = "decode_rate_off_engine"  # the chunk-timed decode rate is far from the engine's own (recorder)
 PER_TOKEN_FLAG = "chunks_not_steps_engine"  # the engine streams one event per token (attribution/choice.py)
 # paths that generate, in every dialect the recorder reads (core/dialects)
 GENERATION_PATHS = (

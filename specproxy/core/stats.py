@@ -83,16 +83,18 @@ def step_and_token_gaps(chunks: Sequence[tuple[float, int]]) -> tuple[list[float
     return step_gaps, token_gaps
 
 
+def token_span(chunks: Sequence[tuple[float, int]]) -> float:
+    """Seconds from the first token-bearing chunk to the last (0 when fewer than two): the decode span."""
+    times = [t for t, n in chunks if n > 0]
+    return times[-1] - times[0] if len(times) > 1 else 0.0
+
+
 def decode_tok_s(chunks: Sequence[tuple[float, int]]) -> float | None:
     """(completion tokens - 1) / (last token time - first token time): the decode rate the published tables use.
 
     The first token is the prefill's; it is excluded together with the time before it.
     """
-    steps = [(t, n) for t, n in chunks if n > 0]
-    if len(steps) < 2:
-        return None
-    total = sum(n for _, n in steps)
-    span = steps[-1][0] - steps[0][0]
+    span = token_span(chunks)
     if span <= 0:
         return None
-    return (total - 1) / span
+    return (sum(n for _, n in chunks if n > 0) - 1) / span

@@ -247,24 +247,31 @@ async def _relay(
     try:
         upstream = await _send(request, request.app[UPSTREAM].url(target), headers, body, relayed)
     except aiohttp.ClientConnectorError as e:
-        reason = _safe(request, f"upstream unreachable: {_connect_failure(e)}") + _again(relayed)
-        return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
+        status, reason = 502, _safe(request, f"upstream unreachable: {_connect_failure(e)}")
     except TimeoutError as e:
         if _is_connect_timeout(e):
-            reason = f"upstream connect timeout: not connected within {cfg.connect_timeout_s:g} s"
+            status, reason = 504, f"upstream connect timeout: not connected within {cfg.connect_timeout_s:g} s"
         else:
-            reason = f"upstream idle-read timeout: no response headers within {cfg.idle_timeout_s:g} s"
-        reason += _again(relayed)
-        return _json_error(504, reason, "GatewayTimeout", rid), "timeout", reason
+            status, reason = 504, f"upstream idle-read timeout: no response headers within {cfg.idle_timeout_s:g} s"
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-        reason = _safe(request, f"upstream connection failed: {e}") + _again(relayed)
-        return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
+        status, reason = 502, _safe(request, f"upstream connection failed: {e}")
     except aiohttp.ClientResponseError as e:  # not HTTP: the message quotes the bytes, the error names the URL
-        reason = _safe(request, f"upstream sent an invalid response: {e.message}") + _again(relayed)
-        return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
+        status, reason = 502, _safe(request, f"upstream sent an invalid response: {e.message}")
     except aiohttp.ClientError as e:
-        reason = _safe(request, f"upstream error: {type(e).__name__}: {e}") + _again(relayed)
-        return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
+        status, reason = 502, _safe(request, f"upstream error: {type(e).__name__}: {e}")
+    else:
+        return await _relay_response(request, cfg, upstream, relayed)
+    if relayed.retried:
+        reason += " (sent twice: the first on a reused connection that failed before any answer)"
+    if status == 504:
+        return _json_error(504, reason, "GatewayTimeout", rid), "timeout", reason
+    return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
+
+
+async def _relay_response(
+    request: web.Request, cfg: ProxyConfig, upstream: aiohttp.ClientResponse, relayed: Relayed
+) -> tuple[web.StreamResponse, str, str | None]:
+    """The upstream's answer relayed; its connection back to the pool when read to the end, else closed."""
     finished = False
     try:
         result = await _relay_body(request, cfg, upstream, relayed)
@@ -330,10 +337,6 @@ async def _send(
     return await request.app[FRESH_SESSION].request(
         request.method, url, headers=headers, data=data(), allow_redirects=False
     )
-
-
-def _again(relayed: Relayed) -> str:
-    return " (sent twice: the first on a reused connection that failed before any answer)" if relayed.retried else ""
 
 
 async def _pieces(pieces: list[bytes]) -> AsyncIterator[bytes]:

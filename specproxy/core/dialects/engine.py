@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specproxy.core.stats import token_span
+
 ENGINES = ("vllm", "sglang", "ollama", "llamacpp")
 ENGINE_CHOICES = ("auto", *ENGINES)
 
@@ -78,18 +80,13 @@ def decode_rate(timings: Mapping[str, float] | None) -> float | None:
     return n / s if n and s else None
 
 
-# A decode span timed from chunks further than this from the engine's own timing of the same request was not timed
-# when the chunks arrived: the measuring process read them late (descheduled on a busy host), merging steps into one
-# read. Spans, not rates: a rate timed from chunks counts tokens from text when the usage comes only at the end, and
-# may differ from the engine's count for that reason alone.
+# A decode span timed from chunks further than this from the engine's own timing of the same request says the chunks
+# arrived late (the reader or the engine's API server descheduled on a busy host). Spans, not rates: a rate timed
+# from chunks counts tokens from text when the usage comes only at the end, and may differ from the engine's count
+# for that reason alone.
 OFF_ENGINE = 0.25
+OFF_ENGINE_FLAG = "decode_rate_off_engine"
 OFF_ENGINE_MIN_TOKENS = 8  # too few tokens, and one late read moves the span by more than that
-
-
-def token_span(chunks: Sequence[tuple[float, int]]) -> float:
-    """Seconds from the first token-bearing chunk to the last (0 when fewer than two)."""
-    steps = [t for t, n in chunks if n > 0]
-    return steps[-1] - steps[0] if len(steps) > 1 else 0.0
 
 
 def decode_off_engine(span_s: float, timings: Mapping[str, float] | None) -> bool:
@@ -114,10 +111,10 @@ def decode_figure(
     """A record's ``decode_tok_s`` and the flag that qualifies it. ``engines``: the engine resolved for the record and
     the one the response's shape names. Ollama and llama.cpp stream one event per token whatever they drafted: their
     own timing replaces the chunks' (``decode_rate_from_engine``). vLLM's (``--enable-per-request-metrics``) is kept
-    beside the chunk-timed rate, which is what clients see, and only marks a rate the reader timed late
-    (``decode_rate_off_engine``)."""
+    beside the chunk-timed rate, which is what clients see, and only marks a rate timed from chunks that arrived late
+    (:data:`OFF_ENGINE_FLAG`)."""
     if PER_TOKEN_ENGINES.intersection(engines) and (rate := decode_rate(timings)) is not None:
         return rate, "decode_rate_from_engine"
     if stream and decode_off_engine(token_span(chunks), timings):
-        return chunk_rate, "decode_rate_off_engine"
+        return chunk_rate, OFF_ENGINE_FLAG
     return chunk_rate, None
