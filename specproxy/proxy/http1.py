@@ -1,0 +1,187 @@
+"""HTTP/1.1 responses read from bytes: the head, how the body ends, and chunked framing (RFC 9112). Pure: bytes in,
+facts out, no IO; :mod:`specproxy.proxy.upstream` feeds it what it reads from an engine.
+
+As strict as llhttp (what aiohttp parses with) where leniency would let a response be read two ways: no whitespace
+before a field's colon, no obs-fold, no CR, LF or NUL inside a field, one Content-Length at most and never beside
+Transfer-Encoding, chunk sizes in hex only. As lenient as RFC 9112 2.2 allows where nothing can be read two ways: a
+bare LF ends a line; a chunk size may carry extensions (ignored) and trailing whitespace; trailers are read and
+dropped.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and fields) longer than this is refused
+MAX_CHUNK_LINE = 4096  # a chunk-size line (with its extensions) or a trailer line
+
+_STATUS = re.compile(rb"HTTP/(\d)\.(\d) (\d{3})(?: ([^\x00\r\n]*))?")
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
+
+
+class InvalidResponse(ValueError):
+    """The upstream's bytes are not an HTTP/1.1 response (or not one that can be read one way only)."""
+
+
+def head_end(buf: bytes | bytearray) -> int:
+    """Where the head in ``buf`` ends (the index just past its empty line), or -1 while it is incomplete."""
+    ends = [i for i in (buf.find(b"\n\r\n"), buf.find(b"\n\n")) if i >= 0]
+    if not ends:
+        return -1
+    i = min(ends)
+    return i + (3 if buf[i + 1 : i + 2] == b"\r" else 2)
+
+
+class Head:
+    """A parsed response head: ``version`` (major, minor), ``status``, ``reason``, ``fields`` as sent (decoded as
+    aiohttp decodes them: UTF-8, undecodable bytes kept as surrogates)."""
+
+    __slots__ = ("fields", "reason", "status", "version")
+
+    def __init__(self, version: tuple[int, int], status: int, reason: str, fields: list[tuple[str, str]]):
+        self.version = version
+        self.status = status
+        self.reason = reason
+        self.fields = fields
+
+    def values(self, name: str) -> list[str]:
+        name = name.lower()
+        return [v for k, v in self.fields if k.lower() == name]
+
+    def tokens(self, name: str) -> list[str]:
+        """A list-valued field's elements (RFC 9110 5.6.1), lower case, over every line of it."""
+        return [t.strip().lower() for v in self.values(name) for t in v.split(",") if t.strip()]
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "surrogateescape")
+
+
+def parse_head(block: bytes) -> Head:
+    """A head up to and including its empty line."""
+    lines = block.split(b"\n")
+    lines = [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines]
+    m = _STATUS.fullmatch(lines[0])
+    if m is None:
+        raise InvalidResponse(f"not an HTTP/1.x status line: {lines[0][:60]!r}")
+    fields: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if not line:
+            break
+        if line[:1] in (b" ", b"\t"):
+            raise InvalidResponse("a folded header line (obs-fold)")
+        name, colon, value = line.partition(b":")
+        if not colon or _TOKEN.fullmatch(name) is None:
+            raise InvalidResponse(f"an invalid header line: {line[:60]!r}")
+        value = value.strip(b" \t")
+        if _BAD_VALUE.search(value):
+            raise InvalidResponse(f"a control character in header {_text(name)}")
+        fields.append((_text(name), _text(value)))
+    return Head((int(m[1]), int(m[2])), int(m[3]), _text(m[4] or b""), fields)
+
+
+# How a response body ends.
+NONE = "none"  # no body (HEAD, 1xx, 204, 304)
+LENGTH = "length"  # Content-Length bytes
+CHUNKED = "chunked"
+CLOSE = "close"  # read to the connection's close
+
+
+def framing(head: Head, method: str) -> tuple[str, int]:
+    """The body's framing (RFC 9112 6.3) and its length for ``LENGTH``; a response that could be read two ways
+    (Content-Length beside Transfer-Encoding, several Content-Lengths, a length that is not a number) is refused."""
+    status = head.status
+    if method == "HEAD" or status < 200 or status in (204, 304):
+        return NONE, 0
+    codings = head.tokens("Transfer-Encoding")
+    lengths = head.values("Content-Length")
+    if codings:
+        if lengths:
+            raise InvalidResponse("Content-Length together with Transfer-Encoding")
+        return (CHUNKED if codings[-1] == "chunked" else CLOSE), 0
+    if len(lengths) > 1:
+        raise InvalidResponse("more than one Content-Length")
+    if lengths:
+        value = lengths[0]
+        if not value.isascii() or not value.isdigit() or len(value) > 18:
+            raise InvalidResponse(f"an invalid Content-Length: {value[:30]!r}")
+        return LENGTH, int(value)
+    return CLOSE, 0
+
+
+def keeps_alive(head: Head) -> bool:
+    """Whether the connection may carry another request after this response (RFC 9112 9.3)."""
+    conn = head.tokens("Connection")
+    if "close" in conn:
+        return False
+    return head.version >= (1, 1) or "keep-alive" in conn
+
+
+class Chunked:
+    """Chunked framing taken off as bytes arrive: :meth:`feed` returns the data in them and what follows the
+    body's end, if it ended."""
+
+    __slots__ = ("_line", "_need", "_state")
+
+    _SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
+
+    def __init__(self) -> None:
+        self._state = self._SIZE
+        self._need = 0  # data bytes left in this chunk
+        self._line = b""  # a size or trailer line not yet complete
+
+    @property
+    def done(self) -> bool:
+        return self._state == self._DONE
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """(the body bytes in ``data``, None while the body goes on, else the bytes after its end)."""
+        if self._state == self._DONE:
+            return b"", data
+        out: list[bytes] = []
+        i, n = 0, len(data)
+        while i < n:
+            state = self._state
+            if state == self._DATA:
+                take = min(self._need, n - i)
+                out.append(data[i : i + take])
+                i += take
+                self._need -= take
+                if not self._need:
+                    self._state = self._DATA_END
+                continue
+            line, i = self._read_line(data, i)
+            if line is None:
+                break
+            if state == self._SIZE:
+                self._size(line)
+            elif state == self._DATA_END:
+                if line:
+                    raise InvalidResponse("chunk data longer than its size")
+                self._state = self._SIZE
+            elif not line:  # the empty line after the trailers
+                self._state = self._DONE
+                return b"".join(out), data[i:]
+        return b"".join(out), None
+
+    def _read_line(self, data: bytes, i: int) -> tuple[bytes | None, int]:
+        j = data.find(b"\n", i)
+        if j < 0:
+            self._line += data[i:]
+            if len(self._line) > MAX_CHUNK_LINE:
+                raise InvalidResponse(f"a chunk-size or trailer line over {MAX_CHUNK_LINE} bytes")
+            return None, len(data)
+        line = self._line + data[i:j]
+        self._line = b""
+        if len(line) > MAX_CHUNK_LINE:
+            raise InvalidResponse(f"a chunk-size or trailer line over {MAX_CHUNK_LINE} bytes")
+        return (line[:-1] if line.endswith(b"\r") else line), j + 1
+
+    def _size(self, line: bytes) -> None:
+        size = line.split(b";", 1)[0].rstrip(b" \t")
+        if _HEX.fullmatch(size) is None:
+            raise InvalidResponse(f"an invalid chunk size: {line[:30]!r}")
+        self._need = int(size, 16)
+        self._state = self._DATA if self._need else self._TRAILER
