@@ -28,17 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
-from aiohttp import web
+from aiohttp import BasicAuth, web
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -48,7 +47,7 @@ from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig
 from specproxy.proxy.link import EventLink, Relayed
-from specproxy.proxy.stalled import StalledReads
+from specproxy.proxy.upstream import Exchange, Pool, UpstreamError, request_head
 from specproxy.recorder.recorder import Recorder
 from specproxy.server_log import quiet_bad_requests
 from specproxy.serving import (
@@ -92,30 +91,32 @@ RECORDER = web.AppKey("recorder", Recorder)  # only with the bookkeeper on this 
 BOOKKEEPER = web.AppKey("bookkeeper", Bookkeeper)
 LINK = web.AppKey("link", EventLink)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-FRESH_SESSION = web.AppKey("fresh_session", aiohttp.ClientSession)  # a new connection per request: resends (_send)
+POOL = web.AppKey("pool", Pool)  # the relay's own connections to the upstream
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
-STALLED = web.AppKey("stalled", StalledReads)
 
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
-    """The upstream's base URL, taken apart once: requests go to ``scheme://authority`` + ``prefix`` + the target."""
+    """The upstream's base URL, taken apart once: requests go to ``host:port``, with ``authority`` as their Host,
+    ``prefix`` + the target as sent as their target (no requoting, no dot segments removed)."""
 
     scheme: str
-    authority: str
+    host: str
+    port: int
+    authority: str  # the Host field: the host, and the port unless it is the scheme's
     prefix: str  # the base URL's path as written, without a trailing slash ("" for none)
     hosts: tuple[str, ...]  # its host, as error texts must not show it
+    authorization: str | None  # from credentials in the URL, for requests that bring none
 
     @classmethod
     def parse(cls, base: str) -> Upstream:
         url = URL(base)
         host = url.raw_host or ""
-        return cls(url.scheme, url.raw_authority, urlsplit(base).path.rstrip("/"), (host, f"[{host}]"))
-
-    def url(self, target: str) -> URL:
-        # The whole target goes into the path with encoded=True: yarl then keeps it as it is (no requoting, no dot
-        # segment removal, an empty query's "?" kept), and aiohttp's client writes it on the request line as is.
-        return URL.build(scheme=self.scheme, authority=self.authority, path=self.prefix + target, encoded=True)
+        auth = BasicAuth(url.user or "", url.password or "").encode() if url.user is not None else None
+        return cls(
+            url.scheme, host, url.port or 80, url.host_port_subcomponent or host, urlsplit(base).path.rstrip("/"),
+            (host, f"[{host}]"), auth,
+        )  # fmt: skip
 
 
 UPSTREAM = web.AppKey("upstream", Upstream)
@@ -223,136 +224,44 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
     return None
 
 
-def _connect_failure(e: aiohttp.ClientConnectorError) -> str:
-    err = e.os_error
-    if type(err).__module__ == "builtins" and err.errno:  # ConnectionRefusedError & co, not ssl's or socket's errors
-        return os.strerror(err.errno)  # "Connection refused", without the address asyncio's message adds
-    return err.strerror or str(err) or type(err).__name__
-
-
-def _is_connect_timeout(e: TimeoutError) -> bool:
-    # aiohttp >= 3.10 raises ConnectionTimeoutError while connecting and SocketTimeoutError on sock_read; 3.9 raises
-    # ServerTimeoutError for both, with these words
-    cls = getattr(aiohttp, "ConnectionTimeoutError", None)
-    if isinstance(cls, type):
-        return isinstance(e, cls)
-    return str(e).startswith("Connection timeout")
-
-
 async def _relay(
     request: web.Request, cfg: ProxyConfig, target: str, body: Body, relayed: Relayed
 ) -> tuple[web.StreamResponse, str, str | None]:
-    rid = relayed.request_id
-    headers = _forward_request_headers(request)
-    try:
-        upstream = await _send(request, request.app[UPSTREAM].url(target), headers, body, relayed)
-    except aiohttp.ClientConnectorError as e:
-        status, reason = 502, _safe(request, f"upstream unreachable: {_connect_failure(e)}")
-    except TimeoutError as e:
-        if _is_connect_timeout(e):
-            status, reason = 504, f"upstream connect timeout: not connected within {cfg.connect_timeout_s:g} s"
-        else:
-            status, reason = 504, f"upstream idle-read timeout: no response headers within {cfg.idle_timeout_s:g} s"
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-        status, reason = 502, _safe(request, f"upstream connection failed: {e}")
-    except aiohttp.ClientResponseError as e:  # not HTTP: the message quotes the bytes, the error names the URL
-        status, reason = 502, _safe(request, f"upstream sent an invalid response: {e.message}")
-    except aiohttp.ClientError as e:
-        status, reason = 502, _safe(request, f"upstream error: {type(e).__name__}: {e}")
-    else:
-        return await _relay_response(request, cfg, upstream, relayed)
-    if relayed.retried:
-        reason += " (sent twice: the first on a reused connection that failed before any answer)"
-    if status == 504:
-        return _json_error(504, reason, "GatewayTimeout", rid), "timeout", reason
-    return _json_error(502, reason, "BadGateway", rid), "upstream_error", reason
+    up = request.app[UPSTREAM]
+    fields = _forward_request_headers(request)
+    if up.authorization is not None and "Authorization" not in fields:
+        fields["Authorization"] = up.authorization
+    head = request_head(request.method, up.prefix + target, up.authority, fields.items(), body.size)
 
+    def resending(why: str) -> None:
+        relayed.retried = why
 
-async def _relay_response(
-    request: web.Request, cfg: ProxyConfig, upstream: aiohttp.ClientResponse, relayed: Relayed
-) -> tuple[web.StreamResponse, str, str | None]:
-    """The upstream's answer relayed; its connection back to the pool when read to the end, else closed."""
-    finished = False
     try:
-        result = await _relay_body(request, cfg, upstream, relayed)
-        finished = result[1] == "ok" or result[1] == "upstream_error"
-        return result
+        ex = await request.app[POOL].request(request.method, head, body.pieces() if body.size else [], resending)
+    except UpstreamError as e:
+        reason = _safe(request, str(e))
+        if relayed.retried:
+            reason += " (sent twice: the first on a reused connection that failed before any answer)"
+        if e.kind in ("connect_timeout", "head_timeout"):
+            return _json_error(504, reason, "GatewayTimeout", relayed.request_id), "timeout", reason
+        return _json_error(502, reason, "BadGateway", relayed.request_id), "upstream_error", reason
+    try:
+        return await _relay_body(request, ex, relayed)
     finally:
-        if finished and upstream.content.at_eof():
-            upstream.release()  # read to the end: the connection goes back to the pool (no new handshake)
-        else:
-            upstream.close()  # cut one still streaming (client gone, upstream broke): the engine aborts it
-
-
-LARGE_BODY = 1024 * 1024
-
-
-class _Pooled:
-    """Per upstream request (aiohttp's ``trace_request_ctx``): whether it went out on a connection from the pool."""
-
-    __slots__ = ("reused",)
-
-    def __init__(self) -> None:
-        self.reused = False
-
-
-async def _on_reuse(session: Any, ctx: Any, params: Any) -> None:
-    if isinstance(ctx.trace_request_ctx, _Pooled):
-        ctx.trace_request_ctx.reused = True
-
-
-# A pooled connection closed under a request fails at once (the upstream's close crossed our send). A failure later
-# than this after sending is an upstream that read the request and died on it: that one is not sent again.
-RESEND_WITHIN_S = 1.0
-
-
-async def _send(
-    request: web.Request, url: URL, headers: Mapping[str, str], body: Body, relayed: Relayed
-) -> aiohttp.ClientResponse:
-    """The request upstream. When it went out on a pooled connection that failed before any byte of an answer, within
-    :data:`RESEND_WITHIN_S` (the upstream, or a balancer, closed the kept-alive connection as it was reused), it is
-    sent once more on a new connection. Browsers and curl do the same for any method (Chromium:
-    ``HttpNetworkTransaction::ShouldResendRequest``); aiohttp does it for idempotent methods only, and already has
-    for those. A POST to an inference engine generates and changes nothing; the other answer is a 502 for a request
-    the engine never saw. A second failure is answered as it is."""
-
-    def data() -> Any:
-        # Large bodies go in the pieces they came in, with their length: joining tens of megabytes, or writing them in
-        # one call, would stall the loop (aiohttp warns of bytes over 1 MiB for the same reason).
-        return _pieces(body.pieces()) if body.size > LARGE_BODY else body.whole() if body.size else None
-
-    if body.size > LARGE_BODY:
-        headers = {**headers, "Content-Length": str(body.size)}
-    pooled = _Pooled()
-    sent = time.monotonic()
-    try:
-        return await request.app[SESSION].request(
-            request.method, url, headers=headers, data=data(), allow_redirects=False, trace_request_ctx=pooled
-        )
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-        resend = pooled.reused and request.method not in aiohttp.client.IDEMPOTENT_METHODS
-        if not resend or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > RESEND_WITHIN_S:
-            raise
-        relayed.retried = f"{type(e).__name__} on a reused connection"
-    return await request.app[FRESH_SESSION].request(
-        request.method, url, headers=headers, data=data(), allow_redirects=False
-    )
-
-
-async def _pieces(pieces: list[bytes]) -> AsyncIterator[bytes]:
-    for p in pieces:
-        yield p
+        ex.abort()  # cut one still streaming (client gone, relay failed): the engine aborts it; else nothing
 
 
 async def _relay_body(
-    request: web.Request, cfg: ProxyConfig, upstream: aiohttp.ClientResponse, relayed: Relayed
+    request: web.Request, ex: Exchange, relayed: Relayed
 ) -> tuple[web.StreamResponse, str, str | None]:
     link = request.app[LINK]
-    content_type = upstream.headers.get("Content-Type")
-    link.head(relayed, upstream.status, content_type, upstream.headers.get("Content-Encoding"))
-    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    drop = _RESP_DROP | _connection_tokens(upstream.headers)
-    for k, v in upstream.headers.items():
+    head = await ex.head()
+    fields = CIMultiDict(head.fields)
+    content_type = fields.get("Content-Type")
+    link.head(relayed, head.status, content_type, fields.get("Content-Encoding"))
+    resp = web.StreamResponse(status=head.status, reason=head.reason or None)
+    drop = _RESP_DROP | _connection_tokens(fields)
+    for k, v in head.fields:
         if k.lower() not in drop:
             resp.headers.add(k, v)
     resp.headers[REQUEST_ID_HEADER] = relayed.request_id
@@ -360,46 +269,59 @@ async def _relay_body(
         resp.headers["X-Accel-Buffering"] = "no"
         if "Cache-Control" not in resp.headers:
             resp.headers["Cache-Control"] = "no-cache"
-    length = upstream.headers.get("Content-Length")
-    if length is not None and "Transfer-Encoding" not in upstream.headers and length.isdigit():
-        resp.content_length = int(length)  # the exact bytes are relayed undecoded: the length stays true
+    length = fields.get("Content-Length")
+    if length is not None and "Transfer-Encoding" not in fields and length.isascii() and length.isdigit():
+        resp.content_length = int(length)  # the exact bytes are relayed undecoded: still true (HEAD: as sent)
     await resp.prepare(request)
     outcome, error = "ok", None
-    if upstream.status >= 400:
-        outcome, error = "upstream_error", f"HTTP {upstream.status}"
-    perf = time.perf_counter_ns
-    chunk = link.chunk
-    stalled = request.app[STALLED]
-    stalled.watch(upstream)  # aiohttp may never wake this read when the body's framing breaks
+    if head.status >= 400:
+        outcome, error = "upstream_error", f"HTTP {head.status}"
+    transport = request.transport
+    if transport is None:
+        return resp, "client_cancelled", "client disconnected"
     try:
-        async for data in upstream.content.iter_any():
-            t = perf()
-            await resp.write(data)  # the bytes go out first; the bookkeeping follows
-            b = perf()
-            chunk(relayed, t, data)  # appends an event, or sheds it: never raises, never waits
-            # what recording adds to relaying this read (the write itself is what any proxy pays, and may wait for
-            # a slow client)
-            ns = perf() - b
-            relayed.ov_ns += ns
-            relayed.ov_n += 1
-            if ns > relayed.ov_max:
-                relayed.ov_max = ns
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-        # The upstream broke mid-response: end the client's stream without a clean finish, so it sees the break.
-        _abort_client(request)
-        return resp, "upstream_reset", _safe(request, f"upstream connection broke mid-response: {e}")
-    except TimeoutError:
-        _abort_client(request)
-        return resp, "timeout", f"upstream idle-read timeout: no byte within {cfg.idle_timeout_s:g} s mid-response"
+        chunked = resp.headers.get("Transfer-Encoding") == "chunked"  # set by aiohttp's prepare, as it frames it
+        await ex.relay(_sink(transport, chunked, link, relayed), request.writer.drain)
     except ConnectionResetError:
         return resp, "client_cancelled", "client disconnected"
-    finally:
-        stalled.forget(upstream)
+    if ex.outcome != "ok":  # the upstream broke mid-response or went quiet: the client must see the break
+        _abort_client(request)
+        return resp, ex.outcome, _safe(request, ex.error or ex.outcome)
     try:
         await resp.write_eof()
     except ConnectionResetError:
         return resp, "client_cancelled", "client disconnected"
     return resp, outcome, error
+
+
+def _sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> Callable[[int, bytes], bool]:
+    """What the upstream connection does with each read of a reply's body, in its own callback: the bytes to the
+    client first (framed as the client's response is), then the event to the bookkeeping; True when the client's
+    buffer is full."""
+    high = transport.get_write_buffer_limits()[1]
+    perf = time.perf_counter_ns
+    chunk = link.chunk
+
+    def sink(t: int, data: bytes) -> bool:
+        if transport.is_closing():
+            return False  # the client left: its handler is being cancelled, which cuts the upstream
+        if not chunked:
+            transport.write(data)
+        elif len(data) < 16384:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+        b = perf()
+        chunk(relayed, t, data)  # appends an event, or sheds it: never raises, never waits
+        # what recording adds to relaying this read (the write itself is what any proxy pays)
+        ns = perf() - b
+        relayed.ov_ns += ns
+        relayed.ov_n += 1
+        if ns > relayed.ov_max:
+            relayed.ov_max = ns
+        return bool(transport.get_write_buffer_size() > high)
+
+    return sink
 
 
 def _abort_client(request: web.Request) -> None:
@@ -436,7 +358,6 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
     app[CONFIG] = cfg
     app[UPSTREAM] = Upstream.parse(cfg.upstream)
     app[IN_FLIGHT] = InFlight()
-    app[STALLED] = stalled = StalledReads()
     app[LINK] = link = EventLink(
         soft_bytes=cfg.bookkeeping_buffer_bytes,
         hard_bytes=2 * cfg.bookkeeping_buffer_bytes,
@@ -447,9 +368,12 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
     async def resources(app: web.Application) -> Any:
         session = upstream_session(cfg)
         app[SESSION] = session
-        app[FRESH_SESSION] = fresh = upstream_session(cfg, fresh=True)
+        up = app[UPSTREAM]
+        app[POOL] = pool = Pool(
+            up.scheme, up.host, up.port, connect_timeout_s=cfg.connect_timeout_s, idle_timeout_s=cfg.idle_timeout_s,
+            limit=cfg.max_connections,
+        )  # fmt: skip
         keeper: Bookkeeper | None = None
-        sweeper = asyncio.create_task(stalled.run())
         try:
             if channel is None:
                 keeper = Bookkeeper.create(cfg, session)
@@ -461,13 +385,11 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
                 await link.attach_socket(channel)
             yield
         finally:
-            sweeper.cancel()
-            await asyncio.wait([sweeper])  # ends at its next await: it holds nothing to clean up
             await link.close()
             if keeper is not None:
                 await keeper.close()
             await session.close()
-            await fresh.close()
+            await pool.close()
 
     app.cleanup_ctx.append(resources)
     # One route for every method and path: the routing is handle's, on the raw target. [\s\S], not ".", because
@@ -476,22 +398,14 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
     return app
 
 
-def upstream_session(cfg: ProxyConfig, *, fresh: bool = False) -> aiohttp.ClientSession:
-    """The client session to the upstream (and its /metrics): no connection cap, no total timeout, bytes as sent.
-    ``fresh``: every request on a new connection, closed after it."""
-    connector = aiohttp.TCPConnector(
-        limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=None if fresh else CLIENT_KEEPALIVE_S,
-        force_close=fresh,
-    )  # fmt: skip
+def upstream_session(cfg: ProxyConfig) -> aiohttp.ClientSession:
+    """The bookkeeping's client session to the upstream (its /metrics, its model list): no connection cap, no total
+    timeout, bytes as sent, idle connections closed before the engine closes them. Relayed requests go through the
+    relay's own :class:`~specproxy.proxy.upstream.Pool`."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
-    pooled = aiohttp.TraceConfig()
-    pooled.on_connection_reuseconn.append(_on_reuse)  # which requests went out on a pooled connection (_relay)
     return aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        trace_configs=[pooled],
+        connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
     )
 
 

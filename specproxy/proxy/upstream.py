@@ -1,0 +1,468 @@
+"""The relay's own HTTP/1.1 client to the engine: a pool of kept-alive connections, one exchange at a time on each.
+
+Why not aiohttp's client: relaying a streamed reply read by read through it wakes a task per read and goes through
+its reader and writer in Python; at hundreds of streams that was most of a relay's CPU. Here the connection's
+``data_received`` does the whole per-read work itself: it stamps the read, takes the framing off
+(:mod:`specproxy.proxy.http1`) and hands the bytes to the exchange's sink, which writes them to the client and
+appends the event for the bookkeeping (:mod:`specproxy.proxy.server`). No task wakes per read; the handler waits for
+the end of the reply, or for a slow client's buffer to drain (then this connection stops reading until it has).
+
+Timeouts without a timer per read: each exchange has one timer, moved on lazily to the last read plus the idle
+timeout. Idle connections are closed after :data:`CLIENT_KEEPALIVE_S`, before the engine closes them (vLLM: 5 s).
+A request whose pooled connection fails before any byte of an answer, within :data:`RESEND_WITHIN_S` of sending (the
+engine, or a balancer, closed the kept-alive connection as it was reused), is sent once more on a new connection,
+as browsers and curl do for any method (Chromium: ``HttpNetworkTransaction::ShouldResendRequest``).
+
+One module: a connection, the exchange it carries and the pool it returns to are one state machine (who may read,
+who is told of the end, who gets the connection next), and each reaches into the others' state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from specproxy.core.headers import CLIENT_KEEPALIVE_S
+from specproxy.proxy import http1
+from specproxy.proxy.http1 import CHUNKED, CLOSE, LENGTH, NONE, Chunked, Head, InvalidResponse
+
+# A pooled connection closed under a request fails at once (the upstream's close crossed our send). A failure later
+# than this after sending is an upstream that read the request and died on it: that one is not sent again.
+RESEND_WITHIN_S = 1.0
+# Request bodies at least this large are written in the pieces they came in, with flow control.
+LARGE_BODY = 1024 * 1024
+_NO_LENGTH_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
+
+# What a sink returns: whether its client's buffer is full (the connection then stops reading until resumed).
+Sink = Callable[[int, bytes], bool]
+
+
+class UpstreamError(Exception):
+    """No answer from the upstream: ``kind`` is "connect", "connect_timeout", "head_timeout", "disconnected" or
+    "invalid"; the message is fit for a client."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Exchange:
+    """One request and its reply on one connection. The head is awaited with :meth:`head`; the body is relayed with
+    :meth:`relay`; :attr:`outcome` and :attr:`error` say how it ended."""
+
+    __slots__ = (
+        "_early", "_free", "_head", "_signal", "_sink", "body_framing", "conn", "ended", "error", "got_bytes",
+        "method", "outcome", "paused", "reused", "sent_at",
+    )  # fmt: skip
+
+    def __init__(self, conn: Connection, method: str, reused: bool, free: Callable[[], None] | None) -> None:
+        self.conn = conn
+        self._free = free  # gives back its place under the pool's cap, once
+        self.method = method
+        self.reused = reused
+        self.sent_at = time.monotonic()
+        self.got_bytes = False
+        self._head: asyncio.Future[Head] = conn.loop.create_future()
+        self._sink: Sink | None = None
+        self._early: list[tuple[int, bytes]] = []  # body read before the relay began
+        self._signal: asyncio.Future[None] | None = None
+        self.body_framing = NONE
+        self.paused = False
+        self.ended = False
+        self.outcome = "ok"
+        self.error: str | None = None
+
+    async def head(self) -> Head:
+        return await self._head
+
+    def _got_head(self, head: Head) -> None:
+        if not self._head.done():
+            self._head.set_result(head)
+
+    def _fail_head(self, e: UpstreamError) -> None:
+        if not self._head.done():
+            self._head.set_exception(e)
+            self.ended = True
+            self._settle()
+
+    def _settle(self) -> None:
+        free, self._free = self._free, None
+        if free is not None:
+            free()
+
+    def _deliver(self, t: int, data: bytes) -> None:
+        sink = self._sink
+        if sink is None:
+            self._early.append((t, data))
+        elif sink(t, data):
+            self.paused = True
+            self.conn.transport.pause_reading()
+            self._wake()
+
+    def _end(self, outcome: str = "ok", error: str | None = None) -> None:
+        if self.ended:
+            return
+        self.ended, self.outcome, self.error = True, outcome, error
+        self._settle()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._signal is not None and not self._signal.done():
+            self._signal.set_result(None)
+
+    async def relay(self, sink: Sink, drain: Callable[[], Any]) -> None:
+        """Hand every read of the body to ``sink``, in this callback or in the connection's; ``drain``: waits for
+        the client's buffer to empty. Returns when the body has ended (see :attr:`outcome`)."""
+        self._sink = sink
+        early, self._early = self._early, []
+        for t, data in early:
+            if sink(t, data):
+                self.paused = True
+        while True:
+            if self.paused:
+                if not self.ended:
+                    self.conn.transport.pause_reading()
+                await drain()
+                self.paused = False
+                if not self.ended:
+                    self.conn.transport.resume_reading()
+                continue
+            if self.ended:
+                return
+            self._signal = self.conn.loop.create_future()
+            await self._signal
+
+    def abort(self) -> None:
+        """Cut it (the client left, or the relay failed): the engine sees the connection close and stops."""
+        if self.ended:
+            return  # its connection is closed already, or back in the pool
+        self.ended, self.outcome, self.error = True, "aborted", "aborted"
+        self._settle()
+        self.conn.close(abort=True)
+
+
+class Connection(asyncio.Protocol):
+    """One connection to the upstream: the reply to the current exchange read from it, then back to the pool."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.loop = pool.loop
+        self.transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self._buf = bytearray()  # an incomplete head
+        self._framing = NONE
+        self._left = 0  # body bytes still to come (LENGTH)
+        self._chunked: Chunked | None = None
+        self._keep = False
+        self._last_read = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._write_paused: asyncio.Future[None] | None = None
+        self._sending = False  # a large request body still being written
+        self.lost: asyncio.Future[None] = self.loop.create_future()  # done when the connection is gone
+
+    # -- asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        t = time.perf_counter_ns()
+        ex = self.exchange
+        if ex is None:  # bytes nobody asked for: this connection cannot be trusted with another request
+            self.close(abort=True)
+            return
+        ex.got_bytes = True
+        self._last_read = self.loop.time()
+        try:
+            if ex._head.done():
+                self._body(ex, t, data)
+            else:
+                self._buf += data
+                self._read_head(ex, t)
+        except InvalidResponse as e:
+            self._fail(ex, e)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self._cancel_timers()
+        self.pool._lost(self)
+        if self._write_paused is not None and not self._write_paused.done():
+            self._write_paused.set_result(None)
+        ex = self.exchange
+        if ex is None or ex.ended:
+            return
+        why = f": {exc}" if exc is not None else ""
+        if not ex._head.done():
+            if ex.got_bytes:
+                ex._fail_head(UpstreamError("invalid", f"upstream closed the connection inside the response head{why}"))
+            else:
+                ex._fail_head(UpstreamError("disconnected", f"upstream connection failed: server disconnected{why}"))
+        elif self._framing == CLOSE:
+            self._done(ex, keep=False)
+        else:
+            left = f"{self._left} bytes short" if self._framing == LENGTH else "inside the chunked body"
+            ex._end("upstream_reset", f"upstream connection broke mid-response: closed {left}{why}")
+
+    def pause_writing(self) -> None:
+        self._write_paused = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._write_paused is not None and not self._write_paused.done():
+            self._write_paused.set_result(None)
+        self._write_paused = None
+
+    # -- the exchange
+    async def send(self, ex: Exchange, head: bytes, pieces: list[bytes], idle_s: float) -> None:
+        self.exchange = ex
+        self._buf.clear()
+        if self.closed or self.transport.is_closing():
+            ex._fail_head(UpstreamError("disconnected", "upstream connection failed: server disconnected"))
+            return
+        self._last_read = self.loop.time()
+        self._timer = self.loop.call_at(self._last_read + idle_s, self._check_idle, idle_s)
+        if sum(map(len, pieces)) < LARGE_BODY:
+            self.transport.write(b"".join([head, *pieces]))
+            return
+        self.transport.write(head)
+        self._sending = True
+        try:
+            for p in pieces:
+                if self.closed or ex.ended:  # answered (a 413, say) before the body was all sent: stop sending it
+                    return
+                self.transport.write(p)
+                if self._write_paused is not None:
+                    await self._write_paused
+        finally:
+            self._sending = False
+
+    def _read_head(self, ex: Exchange, t: int) -> None:
+        while True:
+            end = http1.head_end(self._buf)
+            if end < 0:
+                if len(self._buf) > http1.MAX_HEAD_BYTES:
+                    raise InvalidResponse(f"a response head over {http1.MAX_HEAD_BYTES // 1024} KiB")
+                return
+            if end > http1.MAX_HEAD_BYTES:
+                raise InvalidResponse(f"a response head over {http1.MAX_HEAD_BYTES // 1024} KiB")
+            head = http1.parse_head(bytes(self._buf[:end]))
+            rest = bytes(self._buf[end:])
+            del self._buf[:end]
+            if head.status == 101:
+                raise InvalidResponse("101 Switching Protocols: upgrades are not relayed")
+            if head.status < 200:  # 1xx: informational, not relayed (as aiohttp's client skips them)
+                continue
+            self._framing, self._left = http1.framing(head, ex.method)
+            self._keep = http1.keeps_alive(head) and self._framing != CLOSE
+            self._chunked = Chunked() if self._framing == CHUNKED else None
+            self._buf.clear()
+            ex.body_framing = self._framing
+            ex._got_head(head)
+            if self._framing == NONE:
+                self._done(ex, keep=self._keep and not rest)
+            elif rest:
+                self._body(ex, t, rest)
+            elif self._framing == LENGTH and self._left == 0:
+                self._done(ex, keep=self._keep)
+            return
+
+    def _body(self, ex: Exchange, t: int, data: bytes) -> None:
+        framing = self._framing
+        if framing == CHUNKED:
+            assert self._chunked is not None
+            piece, after = self._chunked.feed(data)
+            if piece:
+                ex._deliver(t, piece)
+            if after is not None:
+                self._done(ex, keep=self._keep and not after)
+        elif framing == LENGTH:
+            take = data if len(data) <= self._left else data[: self._left]
+            self._left -= len(take)
+            if take:
+                ex._deliver(t, take)
+            if self._left == 0:
+                self._done(ex, keep=self._keep and len(take) == len(data))
+        elif framing == CLOSE:
+            ex._deliver(t, data)
+        else:  # bytes after a reply without a body: not to be trusted with another request
+            self._keep = False
+            self.close(abort=True)
+
+    def _done(self, ex: Exchange, *, keep: bool) -> None:
+        if self._sending:  # answered before the request was all sent: the connection is in no state for another
+            keep = False
+            self.resume_writing()
+        ex._end()
+        self.exchange = None
+        self._cancel_timers()
+        if ex.paused and not self.closed:
+            self.transport.resume_reading()  # paused for this exchange's client: the next one reads from the start
+        if keep and not self.closed:
+            self.pool._release(self)
+        else:
+            self.close()
+
+    def _fail(self, ex: Exchange, e: InvalidResponse) -> None:
+        if ex._head.done():
+            ex._end("upstream_reset", f"upstream connection broke mid-response: {e}")
+        else:
+            ex._fail_head(UpstreamError("invalid", f"upstream sent an invalid response: {e}"))
+        self.exchange = None
+        self.close(abort=True)
+
+    def _check_idle(self, idle_s: float) -> None:
+        ex = self.exchange
+        if ex is None or ex.ended:
+            return
+        due = self._last_read + idle_s
+        now = self.loop.time()
+        if ex.paused or now < due:  # a paused read waits for the client, not for the upstream
+            self._timer = self.loop.call_at(due if due > now else now + 1.0, self._check_idle, idle_s)
+            return
+        if ex._head.done():
+            ex._end("timeout", f"upstream idle-read timeout: no byte within {idle_s:g} s mid-response")
+        else:
+            why = f"upstream idle-read timeout: no response headers within {idle_s:g} s"
+            ex._fail_head(UpstreamError("head_timeout", why))
+        self.exchange = None
+        self.close(abort=True)
+
+    def _cancel_timers(self) -> None:
+        for h in (self._timer, self._idle):
+            if h is not None:
+                h.cancel()
+        self._timer = self._idle = None
+
+    def _idle_for(self, seconds: float) -> None:
+        self._idle = self.loop.call_later(seconds, self.close)
+
+    def close(self, *, abort: bool = False) -> None:
+        self.closed = True
+        self._cancel_timers()
+        self.pool._lost(self)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort() if abort else self.transport.close()
+
+
+class Pool:
+    """Kept-alive connections to one upstream (``http`` or ``https``), newest first; at most ``limit`` in use
+    (0: no cap)."""
+
+    def __init__(self, scheme: str, host: str, port: int, *, connect_timeout_s: float, idle_timeout_s: float,
+                 limit: int = 0) -> None:  # fmt: skip
+        self.loop = asyncio.get_running_loop()
+        self.host, self.port = host, port
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if scheme == "https" else None
+        self.connect_timeout_s = connect_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self._idle: list[Connection] = []
+        self._cap = asyncio.Semaphore(limit) if limit > 0 else None
+        self.opened = 0  # connections made (for tests and status)
+
+    async def request(
+        self, method: str, head: bytes, pieces: list[bytes], resending: Callable[[str], None]
+    ) -> Exchange:
+        """Send a request (its head, with Host, and its body) and wait for the reply's head. A pooled connection that
+        fails before any answer within :data:`RESEND_WITHIN_S` is left for a new one, once, after telling
+        ``resending`` why. Raises :class:`UpstreamError`."""
+        ex = await self._send(method, head, pieces, fresh=False)
+        try:
+            try:
+                await ex.head()
+            except UpstreamError as e:
+                if not (ex.reused and e.kind == "disconnected" and time.monotonic() - ex.sent_at <= RESEND_WITHIN_S):
+                    raise
+                resending("the upstream closed a reused connection before any answer")
+                ex = await self._send(method, head, pieces, fresh=True)
+                await ex.head()
+        except asyncio.CancelledError:  # the client left while waiting: the engine must see it too
+            ex.abort()
+            raise
+        return ex
+
+    async def _send(self, method: str, head: bytes, pieces: list[bytes], *, fresh: bool) -> Exchange:
+        cap = self._cap
+        if cap is not None:
+            await cap.acquire()
+        try:
+            conn = None if fresh else self._take()
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect()
+        except BaseException:
+            if cap is not None:
+                cap.release()
+            raise
+        ex = Exchange(conn, method, reused, cap.release if cap is not None else None)
+        try:
+            await conn.send(ex, head, pieces, self.idle_timeout_s)
+        except asyncio.CancelledError:
+            ex.abort()
+            raise
+        return ex
+
+    def _take(self) -> Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and not conn.transport.is_closing():
+                conn._cancel_timers()
+                return conn
+        return None
+
+    async def _connect(self) -> Connection:
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await self.loop.create_connection(
+                    lambda: Connection(self), self.host, self.port, ssl=self.ssl,
+                    server_hostname=self.host if self.ssl else None,
+                )  # fmt: skip
+        except TimeoutError:
+            raise UpstreamError(
+                "connect_timeout", f"upstream connect timeout: not connected within {self.connect_timeout_s:g} s"
+            ) from None
+        except OSError as e:
+            raise UpstreamError("connect", f"upstream unreachable: {_os_reason(e)}") from None
+        self.opened += 1
+        return conn
+
+    def _release(self, conn: Connection) -> None:
+        conn._idle_for(CLIENT_KEEPALIVE_S)
+        self._idle.append(conn)
+
+    def _lost(self, conn: Connection) -> None:
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    async def close(self, within_s: float = 1.0) -> None:
+        """Close the idle connections, and wait (a little) until they are gone, so nothing is left half-closed."""
+        idle, self._idle = list(self._idle), []
+        for conn in idle:
+            conn.close()
+        if idle:
+            await asyncio.wait([c.lost for c in idle], timeout=within_s)
+
+
+def request_head(method: str, target: str, authority: str, fields: Iterable[tuple[str, str]], size: int) -> bytes:
+    """A request's head as it goes upstream: the fields as the client sent them (decoded by aiohttp as UTF-8 with
+    surrogates, so encoded back to the same bytes), Host for the upstream, and the body's length."""
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"]
+    lines += [f"{k}: {v}\r\n" for k, v in fields]
+    if size or method not in _NO_LENGTH_METHODS:
+        lines.append(f"Content-Length: {size}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
+def _os_reason(e: OSError) -> str:
+    if isinstance(e, ssl.SSLError):
+        return f"TLS: {e.reason or e}"
+    if type(e).__module__ == "builtins" and e.errno and e.errno in errno.errorcode:
+        return os.strerror(e.errno)  # "Connection refused", without the address asyncio's message adds
+    return e.strerror or str(e) or type(e).__name__

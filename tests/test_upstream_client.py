@@ -1,0 +1,169 @@
+"""The relay's own client against upstreams that answer in every way HTTP/1.1 allows, and in some it does not.
+
+Each upstream is a raw TCP server (tests/upstreams.py): its bytes go out exactly as written, in the reads given. The
+client is aiohttp's, through the proxy. What the client gets must be what the upstream meant (or a one-line 502 when
+the bytes can be read two ways), and the record must say how it ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from specproxy.proxy.server import POOL
+from tests.proxyutil import running_proxy
+from tests.upstreams import content_length, serving, start_raw_upstream
+
+EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+SSE = b"Content-Type: text/event-stream\r\n"
+N, HEX = b"%d" % len(EVENT), b"%x" % len(EVENT)
+CHUNKED = b"HTTP/1.1 200 OK\r\n" + SSE + b"Transfer-Encoding: chunked\r\n\r\n"
+ONE_CHUNK = HEX + b"\r\n" + EVENT + b"\r\n"
+
+
+async def _through(reply: bytes | list[bytes], tmp_path: Path, *, close_after: bool = False, method: str = "POST"):
+    up = await start_raw_upstream(reply, close_after=close_after)
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False) as px, aiohttp.ClientSession() as s:
+            async with s.request(method, px.url + "/v1/chat/completions", data=b"{}") as r:
+                try:
+                    body: bytes | Exception = await r.read()
+                except aiohttp.ClientPayloadError as e:
+                    body = e
+                status, headers = r.status, r.headers
+            await px.flush()
+            (rec,) = px.records()
+            return status, headers, body, rec
+    finally:
+        await up.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        # chunk extensions, sizes with trailing whitespace, upper-case hex and trailers
+        [CHUNKED + HEX.upper() + b";ext=1\r\n" + EVENT + b"\r\n",
+         b"0 \r\nX-Trailer: t\r\n\r\n"],
+        # a 103 before the answer
+        [b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n",
+         b"HTTP/1.1 200 OK\r\n" + SSE + b"Content-Length: " + N + b"\r\n\r\n" + EVENT],
+        # bare LF line ends in the head, and the head in one-byte reads
+        [bytes([b]) for b in b"HTTP/1.1 200 OK\n" + SSE[:-2] + b"\nContent-Length: " + N + b"\n\n"] + [EVENT],
+    ],
+    ids=["chunk-extensions-trailers", "103-then-200", "lf-head-byte-by-byte"],
+)  # fmt: skip
+async def test_valid_framings_are_relayed_whole(tmp_path: Path, reply: list[bytes]) -> None:
+    status, headers, body, rec = await _through(reply, tmp_path)
+    assert (status, body) == (200, EVENT), (status, body)
+    assert headers["Content-Type"] == "text/event-stream" and "X-Trailer" not in headers
+    assert rec["outcome"] == "ok" and rec["status"] == 200, rec
+
+
+async def test_a_body_read_to_the_close_ends_cleanly(tmp_path: Path) -> None:
+    reply = [b"HTTP/1.0 200 OK\r\n" + SSE + b"\r\n" + EVENT, b"data: [DONE]\n\n"]
+    status, _, body, rec = await _through(reply, tmp_path, close_after=True)
+    assert (status, body, rec["outcome"]) == (200, EVENT + b"data: [DONE]\n\n", "ok"), (status, body, rec)
+
+
+async def test_no_body_for_head_and_204(tmp_path: Path) -> None:
+    status, headers, body, rec = await _through(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", tmp_path, method="HEAD"
+    )
+    assert (status, body, headers["Content-Length"], rec["outcome"]) == (200, b"", "100", "ok")
+    (tmp_path / "204").mkdir()
+    status, _, body, rec = await _through(b"HTTP/1.1 204 No Content\r\n\r\n", tmp_path / "204")
+    assert (status, body, rec["outcome"]) == (204, b"", "ok")
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\nok", "Transfer-Encoding"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok", "more than one Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: two\r\n\r\nok", "invalid Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nX: a\r\n folded\r\nContent-Length: 2\r\n\r\nok", "obs-fold"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "status line"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", "101"),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", "head over 64 KiB"),
+    ],
+    ids=["cl-and-te", "two-cl", "bad-cl", "obs-fold", "not-http", "101", "huge-head"],
+)
+async def test_answers_that_could_be_read_two_ways_get_a_one_line_502(tmp_path: Path, reply: bytes, says: str) -> None:
+    status, _, body, rec = await _through(reply, tmp_path, close_after=True)
+    assert status == 502 and isinstance(body, bytes) and says.encode() in body, (status, body)
+    assert rec["outcome"] == "upstream_error" and "invalid response" in rec["error"], rec
+    assert "\n" not in rec["error"] and len(rec["error"]) < 300
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        [b"HTTP/1.1 200 OK\r\n" + SSE + b"Content-Length: 500\r\n\r\n" + EVENT],  # closed 441 bytes short
+        [CHUNKED + ONE_CHUNK],  # no last chunk
+        [CHUNKED + HEX + b"\r\n" + EVENT + b"XX\r\n"],  # data longer than its size
+    ],
+    ids=["length-short", "chunked-unfinished", "chunk-overrun"],
+)
+async def test_a_body_cut_short_is_a_break_the_client_sees(tmp_path: Path, reply: list[bytes]) -> None:
+    t0 = time.monotonic()
+    status, _, body, rec = await _through(reply, tmp_path, close_after=True)
+    assert status == 200 and isinstance(body, Exception), body  # not a clean end: the client knows it is cut
+    assert rec["outcome"] == "upstream_reset" and "broke mid-response" in rec["error"], rec
+    assert time.monotonic() - t0 < 5
+
+
+async def test_connections_are_reused_and_bytes_past_an_answer_are_not_trusted(tmp_path: Path) -> None:
+    """A kept-alive connection carries the next request; one that sent more than its answer is closed, and the
+    client gets exactly the answer's bytes."""
+    chunked = CHUNKED + ONE_CHUNK + b"0\r\n\r\n"
+    for reply, opened in ((chunked, 1), (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", 3)):
+        up = await start_raw_upstream(reply)
+        try:
+            async with running_proxy(up.url, tmp_path, metrics=False) as px, aiohttp.ClientSession() as s:
+                for _ in range(3):
+                    async with s.post(px.url + "/v1/chat/completions", data=b"{}") as r:
+                        assert await r.read() == (EVENT if reply is chunked else b"ok")
+                assert px.server.app[POOL].opened == opened
+        finally:
+            await up.close()
+
+
+async def test_a_slow_client_stops_the_upstream_instead_of_filling_memory(tmp_path: Path) -> None:
+    """Flow control: while the client reads nothing, the relay stops reading the upstream, which then cannot write
+    much more than the sockets' buffers hold; once the client reads, everything arrives."""
+    total = 64 * 1024 * 1024
+    written = 0
+    piece = b"x" * 65536
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal written
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(content_length(head))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        try:
+            while written < total:
+                writer.write(piece)
+                written += len(piece)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        writer.close()
+
+    async with (
+        serving(serve) as url,
+        running_proxy(url, tmp_path, metrics=False) as px,
+        aiohttp.ClientSession() as s,
+        s.post(px.url + "/v1/completions", data=b"{}") as r,
+    ):
+        await asyncio.sleep(1.0)  # the client reads nothing for a second
+        stalled_at = written
+        got = 0
+        async for chunk in r.content.iter_any():
+            got += len(chunk)
+    assert got == total
+    # socket buffers on both sides of the proxy plus the proxy's own high-water mark: a few MB, not 64
+    assert stalled_at < 24 * 1024 * 1024, stalled_at
