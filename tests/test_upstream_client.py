@@ -8,11 +8,15 @@ the bytes can be read two ways), and the record must say how it ended.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import ssl
+import subprocess
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from specproxy.proxy.server import POOL
 from tests.proxyutil import running_proxy
@@ -167,3 +171,60 @@ async def test_a_slow_client_stops_the_upstream_instead_of_filling_memory(tmp_pa
     assert got == total
     # socket buffers on both sides of the proxy plus the proxy's own high-water mark: a few MB, not 64
     assert stalled_at < 24 * 1024 * 1024, stalled_at
+
+
+@pytest.fixture
+def tls_cert(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl's command line; skipped without it)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+async def test_an_https_upstream_is_relayed_and_its_certificate_checked(
+    tmp_path: Path, tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = tls_cert
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(3):
+            await resp.write(EVENT)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        for trusted in (False, True):
+            if trusted:
+                monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # read when the relay makes its TLS context
+            (tmp_path / str(trusted)).mkdir()
+            async with (
+                running_proxy(f"https://127.0.0.1:{port}", tmp_path / str(trusted), metrics=False) as px,
+                aiohttp.ClientSession() as s,
+                s.post(px.url + "/v1/chat/completions", data=b"{}") as r,
+            ):
+                body = await r.read()
+                status = r.status
+            if trusted:
+                assert (status, body) == (200, EVENT * 3), (status, body)
+            else:
+                assert status == 502 and b"certificate" in body.lower(), (status, body)
+    finally:
+        await runner.cleanup()
