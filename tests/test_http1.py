@@ -137,3 +137,13 @@ def test_request_heads_keep_the_clients_fields_and_bytes() -> None:
     assert head == b"POST /v1/x?a=%2F HTTP/1.1\r\nHost: h:1\r\n" + fields + b"Content-Length: 7\r\n\r\n"
     assert b"Content-Length" not in request_head("GET", "/", "h", [], 0)
     assert b"Content-Length: 0\r\n" in request_head("POST", "/", "h", [], 0)
+
+
+def test_whole_chunks_in_one_read_and_a_read_that_cuts_one() -> None:
+    dec = Chunked()
+    assert dec.feed(b"3\r\nabc\r\n4\r\ndefg\r\n") == (b"abcdefg", None)  # whole chunks: the usual read
+    assert dec.feed(b"3\r\nab") == (b"ab", None)  # one cut by the read
+    assert dec.feed(b"c\r\na\r\n0123456789\r\n") == (b"c0123456789", None)
+    assert dec.feed(b"0\r\n\r\n") == (b"", b"")
+    with pytest.raises(InvalidResponse):
+        Chunked().feed(b"3\r\nabc\r\n3\r\nabcX\r\n")  # the second is longer than its size

@@ -138,7 +138,8 @@ async def test_connections_are_reused_and_bytes_past_an_answer_are_not_trusted(t
 
 async def test_a_slow_client_stops_the_upstream_instead_of_filling_memory(tmp_path: Path) -> None:
     """Flow control: while the client reads nothing, the relay stops reading the upstream, which then cannot write
-    much more than the sockets' buffers hold; once the client reads, everything arrives."""
+    much more than the sockets' buffers hold; once the client reads, everything arrives. The pause is the client's:
+    it does not count against the upstream's idle-read timeout (0.5 s here, the client idles 1 s)."""
     total = 64 * 1024 * 1024
     written = 0
     piece = b"x" * 65536
@@ -159,7 +160,7 @@ async def test_a_slow_client_stops_the_upstream_instead_of_filling_memory(tmp_pa
 
     async with (
         serving(serve) as url,
-        running_proxy(url, tmp_path, metrics=False) as px,
+        running_proxy(url, tmp_path, metrics=False, idle_timeout_s=0.5) as px,
         aiohttp.ClientSession() as s,
         s.post(px.url + "/v1/completions", data=b"{}") as r,
     ):
@@ -168,7 +169,9 @@ async def test_a_slow_client_stops_the_upstream_instead_of_filling_memory(tmp_pa
         got = 0
         async for chunk in r.content.iter_any():
             got += len(chunk)
-    assert got == total
+        await px.flush()
+        (rec,) = px.records()
+    assert got == total and rec["outcome"] == "ok", (got, rec)
     # socket buffers on both sides of the proxy plus the proxy's own high-water mark: a few MB, not 64
     assert stalled_at < 24 * 1024 * 1024, stalled_at
 

@@ -19,6 +19,7 @@ _STATUS = re.compile(rb"HTTP/(\d)\.(\d) (\d{3})(?: ([^\x00\r\n]*))?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
 class InvalidResponse(ValueError):
@@ -142,6 +143,20 @@ class Chunked:
             return b"", data
         out: list[bytes] = []
         i, n = 0, len(data)
+        if self._state == self._SIZE and not self._line:
+            # The usual read: whole chunks (an engine writes one event per chunk, each read holds one or more).
+            # Anything else (extensions, the last chunk, a chunk cut by the read) goes the general way below.
+            while i < n:
+                j = data.find(b"\r\n", i, i + 18)
+                if j <= i or data[i:j].strip(_HEX_DIGITS):
+                    break
+                end = j + 2 + int(data[i:j], 16)
+                if end == j + 2 or data[end : end + 2] != b"\r\n":
+                    break
+                out.append(data[j + 2 : end])
+                i = end + 2
+            if i == n:
+                return (out[0] if len(out) == 1 else b"".join(out)), None
         while i < n:
             state = self._state
             if state == self._DATA:

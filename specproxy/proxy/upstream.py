@@ -160,7 +160,7 @@ class Connection(asyncio.Protocol):
         self._left = 0  # body bytes still to come (LENGTH)
         self._chunked: Chunked | None = None
         self._keep = False
-        self._last_read = 0.0
+        self._last_read = 0  # perf_counter_ns of the last read (the stamp each read takes anyway)
         self._timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._write_paused: asyncio.Future[None] | None = None
@@ -178,7 +178,7 @@ class Connection(asyncio.Protocol):
             self.close(abort=True)
             return
         ex.got_bytes = True
-        self._last_read = self.loop.time()
+        self._last_read = t
         try:
             if ex._head.done():
                 self._body(ex, t, data)
@@ -226,8 +226,8 @@ class Connection(asyncio.Protocol):
         if self.closed or self.transport.is_closing():
             ex._fail_head(UpstreamError("disconnected", "upstream connection failed: server disconnected"))
             return
-        self._last_read = self.loop.time()
-        self._timer = self.loop.call_at(self._last_read + idle_s, self._check_idle, idle_s)
+        self._last_read = time.perf_counter_ns()
+        self._timer = self.loop.call_later(idle_s, self._check_idle, idle_s)
         if sum(map(len, pieces)) < LARGE_BODY:
             self.transport.write(b"".join([head, *pieces]))
             return
@@ -321,10 +321,9 @@ class Connection(asyncio.Protocol):
         ex = self.exchange
         if ex is None or ex.ended:
             return
-        due = self._last_read + idle_s
-        now = self.loop.time()
-        if ex.paused or now < due:  # a paused read waits for the client, not for the upstream
-            self._timer = self.loop.call_at(due if due > now else now + 1.0, self._check_idle, idle_s)
+        left = idle_s - (time.perf_counter_ns() - self._last_read) / 1e9
+        if ex.paused or left > 0:  # a paused read waits for the client, not for the upstream
+            self._timer = self.loop.call_later(left if left > 0 else 1.0, self._check_idle, idle_s)
             return
         if ex._head.done():
             ex._end("timeout", f"upstream idle-read timeout: no byte within {idle_s:g} s mid-response")
