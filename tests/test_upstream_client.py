@@ -8,8 +8,12 @@ the bytes can be read two ways), and the record must say how it ended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +22,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from specproxy.proxy.server import POOL
+from specproxy.proxy.server import LINK, POOL
 from tests.proxyutil import running_proxy
 from tests.upstreams import content_length, serving, start_raw_upstream
 
@@ -231,3 +235,91 @@ async def test_an_https_upstream_is_relayed_and_its_certificate_checked(
                 assert status == 502 and b"certificate" in body.lower(), (status, body)
     finally:
         await runner.cleanup()
+
+
+async def test_an_answer_before_the_request_body_is_read_is_relayed_at_once(tmp_path: Path) -> None:
+    """An engine may answer (a 413, an error) without reading a large body. The reply is read while the body is
+    still being written, so the client gets it at once, and the connection, with the rest of the body, is dropped
+    (a half-sent request cannot be followed by another)."""
+    half = b"x" * (2 * 1024 * 1024)
+    closed = asyncio.Event()
+    client_has_half = asyncio.Event()
+    order: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head only: no byte of the body is read before the client has
+        writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: %d\r\n\r\n" % (2 * len(half)) + half)
+        await writer.drain()
+        with contextlib.suppress(TimeoutError):  # the answer goes on once the client has its first half
+            await asyncio.wait_for(client_has_half.wait(), 10)
+        writer.write(half)
+        await writer.drain()
+        order.append("upstream reads the body")
+        try:
+            while await reader.read(65536):  # until the relay drops the connection
+                pass
+        except ConnectionError:
+            pass
+        closed.set()
+        writer.close()
+
+    async with (
+        serving(serve) as url,
+        running_proxy(url, tmp_path, metrics=False) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        t0 = time.monotonic()
+        async with s.post(px.url + "/v1/chat/completions", data=io.BytesIO(b" " * (48 * 1024 * 1024))) as r:
+            assert r.status == 413 and await r.content.readexactly(len(half)) == half
+            order.append("client has half the answer")
+            client_has_half.set()
+            assert await r.read() == half
+        await asyncio.wait_for(closed.wait(), 5)
+        await px.flush()
+        (rec,) = px.records()
+    assert order == ["client has half the answer", "upstream reads the body"], order
+    assert time.monotonic() - t0 < 10 and rec["outcome"] == "upstream_error", rec
+
+
+async def test_a_failure_of_the_bookkeeping_never_breaks_the_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reply = [CHUNKED + ONE_CHUNK, ONE_CHUNK, ONE_CHUNK + b"0\r\n\r\n"]
+    up = await start_raw_upstream(reply)
+    try:
+        async with running_proxy(up.url, tmp_path, metrics=False) as px, aiohttp.ClientSession() as s:
+
+            def broken(*args: object) -> None:
+                raise KeyError("a bug in the bookkeeping")
+
+            monkeypatch.setattr(px.server.app[LINK], "chunk", broken)
+            async with s.post(px.url + "/v1/chat/completions", data=b"{}") as r:
+                assert r.status == 200 and await r.read() == EVENT * 3
+            await px.flush()
+            (rec,) = px.records()
+    finally:
+        await up.close()
+    assert rec["outcome"] == "ok" and "bookkeeping_shed" in rec["flags"], rec
+
+
+async def test_a_body_read_to_the_close_that_ends_in_a_reset_is_cut_not_complete(tmp_path: Path) -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(content_length(head))
+        writer.write(b"HTTP/1.0 200 OK\r\n" + SSE + b"\r\n" + EVENT)
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # a reset, not a close
+
+    async with (
+        serving(serve) as url,
+        running_proxy(url, tmp_path, metrics=False) as px,
+        aiohttp.ClientSession() as s,
+        s.post(px.url + "/v1/chat/completions", data=b"{}") as r,
+    ):
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+        await px.flush()
+        (rec,) = px.records()
+    assert rec["outcome"] == "upstream_reset" and "reset" in rec["error"], rec

@@ -34,8 +34,11 @@ from specproxy.proxy.http1 import CHUNKED, CLOSE, LENGTH, NONE, Chunked, Head, I
 # A pooled connection closed under a request fails at once (the upstream's close crossed our send). A failure later
 # than this after sending is an upstream that read the request and died on it: that one is not sent again.
 RESEND_WITHIN_S = 1.0
-# Request bodies at least this large are written in the pieces they came in, with flow control.
+# Request bodies at least this large are written in the pieces they came in, with flow control, by a task of their
+# own while the reply is read (an engine may answer before it has read the body).
 LARGE_BODY = 1024 * 1024
+# A reply's body read before the relay began (it begins as soon as the head is in) past this: reading pauses.
+EARLY_MAX = 1024 * 1024
 _NO_LENGTH_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 
 # What a sink returns: whether its client's buffer is full (the connection then stops reading until resumed).
@@ -56,8 +59,8 @@ class Exchange:
     :meth:`relay`; :attr:`outcome` and :attr:`error` say how it ended."""
 
     __slots__ = (
-        "_early", "_free", "_head", "_signal", "_sink", "body_framing", "conn", "ended", "error", "got_bytes",
-        "method", "outcome", "paused", "reused", "sent_at",
+        "_early", "_early_bytes", "_free", "_head", "_signal", "_sink", "body_framing", "conn", "ended", "error",
+        "got_bytes", "method", "outcome", "paused", "reused", "sent_at",
     )  # fmt: skip
 
     def __init__(self, conn: Connection, method: str, reused: bool, free: Callable[[], None] | None) -> None:
@@ -70,6 +73,7 @@ class Exchange:
         self._head: asyncio.Future[Head] = conn.loop.create_future()
         self._sink: Sink | None = None
         self._early: list[tuple[int, bytes]] = []  # body read before the relay began
+        self._early_bytes = 0
         self._signal: asyncio.Future[None] | None = None
         self.body_framing = NONE
         self.paused = False
@@ -99,6 +103,9 @@ class Exchange:
         sink = self._sink
         if sink is None:
             self._early.append((t, data))
+            self._early_bytes += len(data)
+            if self._early_bytes > EARLY_MAX:
+                self.conn.transport.pause_reading()  # resumed when the relay begins
         elif sink(t, data):
             self.paused = True
             self.conn.transport.pause_reading()
@@ -123,6 +130,8 @@ class Exchange:
         for t, data in early:
             if sink(t, data):
                 self.paused = True
+        if self._early_bytes > EARLY_MAX and not self.paused and not self.ended:
+            self.conn.transport.resume_reading()
         while True:
             if self.paused:
                 if not self.ended:
@@ -164,7 +173,7 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._write_paused: asyncio.Future[None] | None = None
-        self._sending = False  # a large request body still being written
+        self._sending: asyncio.Task[None] | None = None  # a large request body still being written
         self.lost: asyncio.Future[None] = self.loop.create_future()  # done when the connection is gone
 
     # -- asyncio callbacks
@@ -205,10 +214,12 @@ class Connection(asyncio.Protocol):
                 ex._fail_head(UpstreamError("invalid", f"upstream closed the connection inside the response head{why}"))
             else:
                 ex._fail_head(UpstreamError("disconnected", f"upstream connection failed: server disconnected{why}"))
-        elif self._framing == CLOSE:
+        elif self._framing == CLOSE and exc is None:
             self._done(ex, keep=False)
         else:
-            left = f"{self._left} bytes short" if self._framing == LENGTH else "inside the chunked body"
+            left = {LENGTH: f"{self._left} bytes short", CHUNKED: "inside the chunked body"}.get(
+                self._framing, "by a reset"
+            )
             ex._end("upstream_reset", f"upstream connection broke mid-response: closed {left}{why}")
 
     def pause_writing(self) -> None:
@@ -220,7 +231,7 @@ class Connection(asyncio.Protocol):
         self._write_paused = None
 
     # -- the exchange
-    async def send(self, ex: Exchange, head: bytes, pieces: list[bytes], idle_s: float) -> None:
+    def send(self, ex: Exchange, head: bytes, pieces: list[bytes], idle_s: float) -> None:
         self.exchange = ex
         self._buf.clear()
         if self.closed or self.transport.is_closing():
@@ -232,7 +243,9 @@ class Connection(asyncio.Protocol):
             self.transport.write(b"".join([head, *pieces]))
             return
         self.transport.write(head)
-        self._sending = True
+        self._sending = self.loop.create_task(self._write_body(ex, pieces))
+
+    async def _write_body(self, ex: Exchange, pieces: list[bytes]) -> None:
         try:
             for p in pieces:
                 if self.closed or ex.ended:  # answered (a 413, say) before the body was all sent: stop sending it
@@ -241,7 +254,7 @@ class Connection(asyncio.Protocol):
                 if self._write_paused is not None:
                     await self._write_paused
         finally:
-            self._sending = False
+            self._sending = None
 
     def _read_head(self, ex: Exchange, t: int) -> None:
         while True:
@@ -296,15 +309,15 @@ class Connection(asyncio.Protocol):
             self.close(abort=True)
 
     def _done(self, ex: Exchange, *, keep: bool) -> None:
-        if self._sending:  # answered before the request was all sent: the connection is in no state for another
-            keep = False
-            self.resume_writing()
+        sending = self._sending is not None
         ex._end()
         self.exchange = None
         self._cancel_timers()
         if ex.paused and not self.closed:
             self.transport.resume_reading()  # paused for this exchange's client: the next one reads from the start
-        if keep and not self.closed:
+        if sending:  # answered before the request was all sent: drop the rest, and the connection with it
+            self.close(abort=True)
+        elif keep and not self.closed:
             self.pool._release(self)
         else:
             self.close()
@@ -345,6 +358,8 @@ class Connection(asyncio.Protocol):
     def close(self, *, abort: bool = False) -> None:
         self.closed = True
         self._cancel_timers()
+        if self._sending is not None:
+            self._sending.cancel()
         self.pool._lost(self)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort() if abort else self.transport.close()
@@ -378,8 +393,8 @@ class Pool:
             except UpstreamError as e:
                 if not (ex.reused and e.kind == "disconnected" and time.monotonic() - ex.sent_at <= RESEND_WITHIN_S):
                     raise
-                resending("the upstream closed a reused connection before any answer")
                 ex = await self._send(method, head, pieces, fresh=True)
+                resending("the upstream closed a reused connection before any answer")
                 await ex.head()
         except asyncio.CancelledError:  # the client left while waiting: the engine must see it too
             ex.abort()
@@ -400,11 +415,7 @@ class Pool:
                 cap.release()
             raise
         ex = Exchange(conn, method, reused, cap.release if cap is not None else None)
-        try:
-            await conn.send(ex, head, pieces, self.idle_timeout_s)
-        except asyncio.CancelledError:
-            ex.abort()
-            raise
+        conn.send(ex, head, pieces, self.idle_timeout_s)
         return ex
 
     def _take(self) -> Connection | None:
