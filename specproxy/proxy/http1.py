@@ -2,10 +2,11 @@
 facts out, no IO; :mod:`specproxy.proxy.upstream` feeds it what it reads from an engine.
 
 As strict as llhttp (what aiohttp parses with) where leniency would let a response be read two ways: no whitespace
-before a field's colon, no obs-fold, no CR, LF or NUL inside a field, one Content-Length at most and never beside
-Transfer-Encoding, chunk sizes in hex only. As lenient as RFC 9112 2.2 allows where nothing can be read two ways: a
-bare LF ends a line; a chunk size may carry extensions (ignored) and trailing whitespace; trailers are read and
-dropped.
+before a field's colon, no obs-fold, no control character but tab inside a field or the reason, one Content-Length
+at most and never beside Transfer-Encoding, chunk sizes in hex only, chunked as the one transfer coding (a reply
+de-chunked but still gzip-coded would reach the client as bytes it cannot know to decode). As lenient as RFC 9112
+2.2 allows where nothing can be read two ways: a bare LF ends a line; a chunk size may carry extensions (ignored)
+and trailing whitespace; trailers are read and dropped.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import re
 MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and fields) longer than this is refused
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with its extensions) or a trailer line
 
-_STATUS = re.compile(rb"HTTP/(\d)\.(\d) (\d{3})(?: ([^\x00\r\n]*))?")
+_STATUS = re.compile(rb"HTTP/(\d)\.(\d) ([1-9]\d\d)(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+# control characters but tab: aiohttp's server refuses to write them, so they would end in a 500, not a 502
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 
@@ -101,7 +103,9 @@ def framing(head: Head, method: str) -> tuple[str, int]:
     if codings:
         if lengths:
             raise InvalidResponse("Content-Length together with Transfer-Encoding")
-        return (CHUNKED if codings[-1] == "chunked" else CLOSE), 0
+        if codings != ["chunked"]:  # gzip and the like as transfer codings: no engine sends them, no client asks
+            raise InvalidResponse(f"a transfer coding other than one chunked: {', '.join(codings)[:60]}")
+        return CHUNKED, 0
     if len(lengths) > 1:
         raise InvalidResponse("more than one Content-Length")
     if lengths:
