@@ -118,7 +118,7 @@ class EventLink:
         self.overhead_ns = 0
         self.overhead_count = 0
         self._buf = bytearray()
-        self._scheduled = False
+        self._scheduled: asyncio.Handle | None = None
         self._every_s = 0.0  # 0: flushed once per loop iteration (a bookkeeper on this loop)
         self._seq = 0
         self._queries: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
@@ -209,7 +209,7 @@ class EventLink:
             return
         buf += HEADER.pack(CHUNK, r.seq, t_ns, len(data))
         buf += data
-        if not self._scheduled:
+        if self._scheduled is None:
             self._schedule()
         elif len(buf) > FLUSH_BYTES:
             self.flush()
@@ -267,20 +267,21 @@ class EventLink:
         buf = self._buf
         buf += HEADER.pack(kind, seq, t, len(payload))
         buf += payload
-        if not self._scheduled:
+        if self._scheduled is None:
             self._schedule()
 
     def _schedule(self) -> None:
         if self._loop is not None and self.alive:
-            self._scheduled = True
             if self._every_s:
-                self._loop.call_later(self._every_s, self.flush)
+                self._scheduled = self._loop.call_later(self._every_s, self.flush)
             else:
-                self._loop.call_soon(self.flush)
+                self._scheduled = self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Hand what is buffered to the channel: one write (at most every :data:`FLUSH_EVERY_S` to a process)."""
-        self._scheduled = False
+        if self._scheduled is not None:
+            self._scheduled.cancel()  # when flushed before its time: no second, empty flush
+            self._scheduled = None
         if not self._buf or self._send is None or not self.alive:
             self._buf.clear()
             return

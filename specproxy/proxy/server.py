@@ -312,7 +312,11 @@ def _sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> C
         else:
             transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
         b = perf()
-        chunk(relayed, t, data)  # appends an event, or sheds it: never raises, never waits
+        try:
+            chunk(relayed, t, data)  # appends an event, or sheds it: never waits
+        except Exception:  # a bug of ours: the stream goes on, the record says its events are incomplete
+            log.exception("appending a chunk event failed")
+            relayed.shed = True
         # what recording adds to relaying this read (the write itself is what any proxy pays)
         ns = perf() - b
         relayed.ov_ns += ns
