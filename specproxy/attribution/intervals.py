@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from specproxy.attribution.counts import SpecCounts
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per event, and a frozen __init__ costs 4x
 class Chunk:
     """A token-bearing chunk as the ledger keeps it until an interval takes it."""
 
