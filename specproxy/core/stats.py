@@ -68,6 +68,13 @@ def summarize(values: Iterable[float]) -> Summary:
     )
 
 
+def step_gaps(chunks: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    """From ``[(offset_s, tokens), ...]`` of one stream: each gap between token-bearing chunks, with the tokens the
+    later chunk brought (so the gap per token is ``gap / n``, ``n`` times)."""
+    steps = [(t, n) for t, n in chunks if n > 0]
+    return [(max(0.0, t1 - t0), n1) for (t0, _), (t1, n1) in itertools.pairwise(steps)]
+
+
 def step_and_token_gaps(chunks: Sequence[tuple[float, int]]) -> tuple[list[float], list[float]]:
     """From ``[(offset_s, tokens), ...]`` of one stream: (inter-step gaps, inter-token gaps).
 

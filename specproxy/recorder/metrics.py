@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
+import math
+from collections.abc import Iterator, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -37,19 +44,19 @@ class OwnMetrics:
         self.ttft = Histogram(
             "specproxy_ttft_seconds", "Time to first token.", ["workload"], buckets=_TTFT_BUCKETS, registry=r
         )
-        self.inter_token = Histogram(
+        self.inter_token = BulkHistogram(
             "specproxy_inter_token_latency_seconds",
             "Inter-token latency: each chunk gap spread over the tokens it brought.",
-            ["workload"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            "workload",
+            _LATENCY_BUCKETS,
+            r,
         )
-        self.inter_step = Histogram(
+        self.inter_step = BulkHistogram(
             "specproxy_inter_step_latency_seconds",
             "Gap between consecutive token-bearing chunks (engine steps).",
-            ["workload"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            "workload",
+            _LATENCY_BUCKETS,
+            r,
         )
         self.decode_tok_s = Histogram(
             "specproxy_decode_tokens_per_second",
@@ -88,3 +95,47 @@ class OwnMetrics:
             buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )
+
+
+class BulkHistogram(Collector):
+    """A histogram with one label, fed a whole record's gaps at once: one bisect per value, and a weight for a value
+    that repeats (a chunk's gap per token, once per token it brought). prometheus_client's Histogram takes one value
+    per call, under a lock: about a microsecond each, and a record brings one gap per chunk and one per token.
+    Exposed as a Histogram is (``_bucket``, ``_count``, ``_sum``; no ``_created``)."""
+
+    def __init__(
+        self, name: str, documentation: str, label: str, buckets: Sequence[float], registry: CollectorRegistry
+    ) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self.bounds = [float(b) for b in buckets]
+        self.les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+        self.series: dict[str, tuple[list[float], list[float]]] = {}  # label value -> (counts per bucket, [sum])
+        registry.register(self)
+
+    def observe_many(self, value: str, amounts: Sequence[float], weights: Sequence[int] | None = None) -> None:
+        series = self.series.get(value)
+        if series is None:
+            series = self.series[value] = ([0.0] * (len(self.bounds) + 1), [0.0])
+        counts, total = series
+        bounds = self.bounds
+        if weights is None:
+            for a in amounts:
+                counts[bisect.bisect_left(bounds, a)] += 1
+            total[0] += math.fsum(amounts)
+        else:
+            for a, w in zip(amounts, weights, strict=True):
+                counts[bisect.bisect_left(bounds, a)] += w
+            total[0] += math.fsum(a * w for a, w in zip(amounts, weights, strict=True))
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=[self.label])]
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, (counts, total) in self.series.items():
+            running, buckets = 0.0, []
+            for le, c in zip(self.les, counts, strict=True):
+                running += c
+                buckets.append((le, running))
+            family.add_metric([value], buckets, total[0])
+        yield family

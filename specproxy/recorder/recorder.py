@@ -25,7 +25,7 @@ from specproxy.core.errors import one_line
 from specproxy.core.prom import NO_SPEC_COUNTERS
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
-from specproxy.core.stats import step_and_token_gaps
+from specproxy.core.stats import step_gaps
 from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, SERVER_TOKENIZER, Tokenizer, load_model_tokenizer
 from specproxy.recorder.config import RecorderConfig as RecorderConfig  # re-exported: its old home
@@ -302,13 +302,10 @@ class Recorder:
         if rec["decode_tok_s"]:
             m.decode_tok_s.labels(w).observe(rec["decode_tok_s"])
         if rec["chunks"]:
-            steps, toks = step_and_token_gaps(rec["chunks"])
-            steps = [] if "chunks_not_steps_engine" in rec["flags"] else steps  # one event per token: no steps seen
-            step_h, tok_h = m.inter_step.labels(w), m.inter_token.labels(w)
-            for g in steps:
-                step_h.observe(g)
-            for g in toks:
-                tok_h.observe(g)
+            gaps = step_gaps(rec["chunks"])
+            if "chunks_not_steps_engine" not in rec["flags"]:  # one event per token: no steps seen
+                m.inter_step.observe_many(w, [g for g, _ in gaps])
+            m.inter_token.observe_many(w, [g / n for g, n in gaps], [n for _, n in gaps])
         if (po := rec["proxy_overhead_s"]) is not None:
             m.overhead.observe(po["mean"])
         spec = rec["spec"]
