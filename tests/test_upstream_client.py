@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 
 from specproxy.proxy.server import LINK, POOL
+from specproxy.proxy.upstream import EARLY_MAX, Connection, Exchange, Pool, request_head
 from tests.proxyutil import running_proxy
 from tests.upstreams import content_length, serving, start_raw_upstream
 
@@ -323,3 +324,44 @@ async def test_a_body_read_to_the_close_that_ends_in_a_reset_is_cut_not_complete
         await px.flush()
         (rec,) = px.records()
     assert rec["outcome"] == "upstream_reset" and "reset" in rec["error"], rec
+
+
+class _Transport:
+    """Just enough of a transport for one connection driven by hand: whether it reads, and what was written."""
+
+    def __init__(self) -> None:
+        self.reading = True
+        self.written = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def close(self) -> None:
+        pass
+
+    abort = close
+
+
+async def test_a_connection_paused_before_the_relay_began_goes_back_to_the_pool_reading() -> None:
+    """What is read before the relay begins pauses reading past EARLY_MAX. When the read that passes it also ends
+    the body, the connection goes back to the pool: it must read again, or the next request on it is sent and its
+    answer never read (a 504 after the idle timeout)."""
+    pool = Pool("http", "127.0.0.1", 9, connect_timeout_s=1.0, idle_timeout_s=600.0)
+    conn = Connection(pool)
+    transport = _Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    ex = Exchange(conn, "POST", False, None)
+    conn.send(ex, request_head("POST", "/v1/x", "h", [], 0), [], 600.0)
+    body = b"x" * (EARLY_MAX + 1000)
+    conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert ex.ended and ex.outcome == "ok"
+    assert pool._take() is conn and transport.reading

@@ -313,8 +313,8 @@ class Connection(asyncio.Protocol):
         ex._end()
         self.exchange = None
         self._cancel_timers()
-        if ex.paused and not self.closed:
-            self.transport.resume_reading()  # paused for this exchange's client: the next one reads from the start
+        if (ex.paused or ex._early_bytes > EARLY_MAX) and not self.closed:
+            self.transport.resume_reading()  # paused for this exchange: the next one reads from the start
         if sending:  # answered before the request was all sent: drop the rest, and the connection with it
             self.close(abort=True)
         elif keep and not self.closed:
@@ -360,6 +360,7 @@ class Connection(asyncio.Protocol):
         self._cancel_timers()
         if self._sending is not None:
             self._sending.cancel()
+            self._sending = None
         self.pool._lost(self)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort() if abort else self.transport.close()
