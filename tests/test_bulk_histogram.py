@@ -15,14 +15,17 @@ def test_bulk_observations_expose_as_one_by_one_ones() -> None:
     ref_registry, bulk_registry = CollectorRegistry(), CollectorRegistry()
     ref = Histogram("gap_seconds", "Gaps.", ["workload"], buckets=_LATENCY_BUCKETS, registry=ref_registry)
     bulk = BulkHistogram("gap_seconds", "Gaps.", "workload", _LATENCY_BUCKETS, bulk_registry)
-    # on a bound, between bounds, past the last, zero; and a value that repeats (a chunk's gap per token)
-    plain = [0.0, 0.001, 0.0011, 0.04, 0.2, 3.0]
-    weighted = [(0.025, 3), (0.5, 1)]
-    for v in plain:
-        ref.labels("code").observe(v)
+    # on a bound, between bounds, past the last, zero, and a sum whose last digit depends on the order of adding;
+    # infinities and NaN; and values that repeat (a chunk's gap per token), weighed instead of repeated
+    plain = [0.0, 0.001, 0.0011, 0.04, 0.2, 3.0] + [0.1] * 10
+    odd = [float("inf"), float("-inf"), float("nan"), 1e308, 1e308]  # NaN in no bucket, infinities at the ends
+    weighted = [(0.025, 3), (0.5, 1), (0.1, 10)]
+    for label, values in (("code", plain), ("odd", odd)):
+        for v in values:
+            ref.labels(label).observe(v)
+        bulk.observe_many(label, values)
     for v, n in weighted:
         for _ in range(n):
             ref.labels("chat").observe(v)
-    bulk.observe_many("code", plain)
     bulk.observe_many("chat", [v for v, _ in weighted], [n for _, n in weighted])
     assert _exposed(bulk_registry) == _exposed(ref_registry)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -118,14 +117,13 @@ class BulkHistogram(Collector):
             series = self.series[value] = ([0.0] * (len(self.bounds) + 1), [0.0])
         counts, total = series
         bounds = self.bounds
-        if weights is None:
-            for a in amounts:
-                counts[bisect.bisect_left(bounds, a)] += 1
-            total[0] += math.fsum(amounts)
-        else:
-            for a, w in zip(amounts, weights, strict=True):
-                counts[bisect.bisect_left(bounds, a)] += w
-            total[0] += math.fsum(a * w for a, w in zip(amounts, weights, strict=True))
+        pairs = zip(amounts, weights, strict=True) if weights is not None else ((a, 1) for a in amounts)
+        for a, w in pairs:
+            # as prometheus_client's Histogram, value by value: the sum takes every one, NaN goes in no bucket
+            for _ in range(w):
+                total[0] += a
+            if a == a:
+                counts[bisect.bisect_left(bounds, a)] += w  # past the last bound: +Inf
 
     def describe(self) -> list[HistogramMetricFamily]:
         return [HistogramMetricFamily(self.name, self.documentation, labels=[self.label])]

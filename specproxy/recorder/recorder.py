@@ -303,8 +303,8 @@ class Recorder:
             m.decode_tok_s.labels(w).observe(rec["decode_tok_s"])
         if rec["chunks"]:
             gaps = step_gaps(rec["chunks"])
-            if "chunks_not_steps_engine" not in rec["flags"]:  # one event per token: no steps seen
-                m.inter_step.observe_many(w, [g for g, _ in gaps])
+            per_token = "chunks_not_steps_engine" in rec["flags"]  # one event per token: no steps seen
+            m.inter_step.observe_many(w, [] if per_token else [g for g, _ in gaps])
             m.inter_token.observe_many(w, [g / n for g, n in gaps], [n for _, n in gaps])
         if (po := rec["proxy_overhead_s"]) is not None:
             m.overhead.observe(po["mean"])
