@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from specproxy.proxy.resolve import Resolver
 from specproxy.proxy.server import LINK, POOL
 from specproxy.proxy.upstream import EARLY_MAX, Connection, Exchange, Pool, request_head
 from tests.proxyutil import running_proxy
@@ -365,3 +366,53 @@ async def test_a_connection_paused_before_the_relay_began_goes_back_to_the_pool_
     conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     assert ex.ended and ex.outcome == "ok"
     assert pool._take() is conn and transport.reading
+
+
+async def test_a_burst_to_a_named_upstream_looks_its_name_up_once(tmp_path: Path) -> None:
+    """An engine behind a name (``http://vllm:8000``): a burst of new connections shares one lookup."""
+    up = await start_raw_upstream(CHUNKED + ONE_CHUNK + b"0\r\n\r\n")
+    port = int(up.url.rsplit(":", 1)[1])
+    try:
+        async with running_proxy(f"http://localhost:{port}", tmp_path, metrics=False) as px:
+            async with aiohttp.ClientSession() as s:
+
+                async def post() -> bytes:
+                    async with s.post(px.url + "/v1/chat/completions", data=b"{}") as r:
+                        return await r.read()
+
+                got = await asyncio.gather(*(post() for _ in range(16)))
+            pool = px.server.app[POOL]
+            assert got == [EVENT] * 16 and pool.opened == 16, (got, pool.opened)
+            assert pool.resolver.lookups == 1
+    finally:
+        await up.close()
+
+
+async def test_an_address_literal_is_never_looked_up_and_a_name_is_again_after_its_ttl() -> None:
+    literal = Resolver("::1", 8000)
+    assert await literal.addresses() == [(socket.AF_INET6, ("::1", 8000, 0, 0))] and literal.lookups == 0
+    name = Resolver("localhost", 8000, ttl_s=0.0)
+    first = await name.addresses()
+    assert first and all(sockaddr[1] == 8000 for _, sockaddr in first)
+    await name.addresses()
+    assert name.lookups == 2  # a TTL of 0: every call looks up again
+
+
+async def test_an_address_that_refuses_is_passed_over_for_the_next() -> None:
+    """A name with several addresses (``localhost`` as ::1 and 127.0.0.1, where the engine listens on one only)."""
+    up = await start_raw_upstream(CHUNKED + ONE_CHUNK + b"0\r\n\r\n")
+    port = int(up.url.rsplit(":", 1)[1])
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connecting is refused
+    try:
+        pool = Pool("http", "engine.internal", port, connect_timeout_s=5.0, idle_timeout_s=5.0)
+        pool.resolver._cached = [(socket.AF_INET, closed.getsockname()), (socket.AF_INET, ("127.0.0.1", port))]
+        pool.resolver._at = float("inf")  # as if looked up just now
+        head = request_head("POST", "/v1/x", "engine.internal", [], 2)
+        ex = await pool.request("POST", head, [b"{}"], lambda why: None)
+        assert (await ex.head()).status == 200 and pool.opened == 1
+        ex.abort()
+        await pool.close()
+    finally:
+        closed.close()
+        await up.close()

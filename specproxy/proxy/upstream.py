@@ -30,6 +30,7 @@ from typing import Any
 from specproxy.core.headers import CLIENT_KEEPALIVE_S
 from specproxy.proxy import http1
 from specproxy.proxy.http1 import CHUNKED, CLOSE, LENGTH, NONE, Chunked, Head, InvalidResponse
+from specproxy.proxy.resolve import Resolver
 
 # A pooled connection closed under a request fails at once (the upstream's close crossed our send). A failure later
 # than this after sending is an upstream that read the request and died on it: that one is not sent again.
@@ -380,6 +381,7 @@ class Pool:
         self._idle: list[Connection] = []
         self._cap = asyncio.Semaphore(limit) if limit > 0 else None
         self.opened = 0  # connections made (for tests and status)
+        self.resolver = Resolver(host, port)
 
     async def request(
         self, method: str, head: bytes, pieces: list[bytes], resending: Callable[[str], None]
@@ -430,10 +432,7 @@ class Pool:
     async def _connect(self) -> Connection:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await self.loop.create_connection(
-                    lambda: Connection(self), self.host, self.port, ssl=self.ssl,
-                    server_hostname=self.host if self.ssl else None,
-                )  # fmt: skip
+                conn = await self._connect_any()
         except TimeoutError:
             raise UpstreamError(
                 "connect_timeout", f"upstream connect timeout: not connected within {self.connect_timeout_s:g} s"
@@ -442,6 +441,20 @@ class Pool:
             raise UpstreamError("connect", f"upstream unreachable: {_os_reason(e)}") from None
         self.opened += 1
         return conn
+
+    async def _connect_any(self) -> Connection:
+        """A connection to the first of the host's addresses that takes one (looked up at most every 10 s)."""
+        error: OSError = OSError(f"no address for {self.host}")
+        for family, sockaddr in await self.resolver.addresses():
+            try:
+                _, conn = await self.loop.create_connection(
+                    lambda: Connection(self), sockaddr[0], sockaddr[1], family=family, ssl=self.ssl,
+                    server_hostname=self.host if self.ssl else None,
+                )  # fmt: skip
+                return conn
+            except OSError as e:
+                error = e
+        raise error
 
     def _release(self, conn: Connection) -> None:
         conn._idle_for(CLIENT_KEEPALIVE_S)
