@@ -390,10 +390,13 @@ async def test_a_burst_to_a_named_upstream_looks_its_name_up_once(tmp_path: Path
 
 async def test_an_address_literal_is_never_looked_up_and_a_name_is_again_after_its_ttl() -> None:
     literal = Resolver("::1", 8000)
-    assert await literal.addresses() == [(socket.AF_INET6, ("::1", 8000, 0, 0))] and literal.lookups == 0
+    assert literal.lookups == 0
+    assert await literal.addresses() == [
+        (socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("::1", 8000, 0, 0))
+    ]
     name = Resolver("localhost", 8000, ttl_s=0.0)
     first = await name.addresses()
-    assert first and all(sockaddr[1] == 8000 for _, sockaddr in first)
+    assert first and all(info[4][1] == 8000 for info in first)
     await name.addresses()
     assert name.lookups == 2  # a TTL of 0: every call looks up again
 
@@ -406,7 +409,8 @@ async def test_an_address_that_refuses_is_passed_over_for_the_next() -> None:
     closed.bind(("127.0.0.1", 0))  # bound, never listening: connecting is refused
     try:
         pool = Pool("http", "engine.internal", port, connect_timeout_s=5.0, idle_timeout_s=5.0)
-        pool.resolver._cached = [(socket.AF_INET, closed.getsockname()), (socket.AF_INET, ("127.0.0.1", port))]
+        tcp = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "")
+        pool.resolver._cached = [(*tcp, closed.getsockname()), (*tcp, ("127.0.0.1", port))]
         pool.resolver._at = float("inf")  # as if looked up just now
         head = request_head("POST", "/v1/x", "engine.internal", [], 2)
         ex = await pool.request("POST", head, [b"{}"], lambda why: None)

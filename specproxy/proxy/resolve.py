@@ -15,7 +15,7 @@ from typing import Any
 
 DNS_TTL_S = 10.0
 
-Address = tuple[int, Any]  # (family, sockaddr) as getaddrinfo gives them
+Address = tuple[int, int, int, str, Any]  # (family, type, proto, canonname, sockaddr) as getaddrinfo gives them
 
 
 class Resolver:
@@ -33,7 +33,8 @@ class Resolver:
             return
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
         sockaddr = (host, port, 0, 0) if ip.version == 6 else (host, port)
-        self._cached, self._at = [(family, sockaddr)], float("inf")  # an address literal: nothing to look up
+        literal = (family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", sockaddr)
+        self._cached, self._at = [literal], float("inf")  # an address literal: nothing to look up
 
     async def addresses(self) -> list[Address]:
         loop = asyncio.get_running_loop()
@@ -46,9 +47,9 @@ class Resolver:
                 self.lookups += 1
                 infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
                 found: list[Address] = []
-                for family, _, _, _, sockaddr in infos:
-                    if (family, sockaddr) not in found:
-                        found.append((family, sockaddr))
+                for info in infos:
+                    if info not in found:
+                        found.append(info)
                 self._cached, self._at = found, loop.time()
                 self._pending.set_result(found)
             except BaseException as e:  # OSError, or the waiter cancelled: those waiting on it are told the same

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import aiohappyeyeballs
+
 from specproxy.core.headers import CLIENT_KEEPALIVE_S
 from specproxy.proxy import http1
 from specproxy.proxy.http1 import CHUNKED, CLOSE, LENGTH, NONE, Chunked, Head, InvalidResponse
@@ -443,18 +445,20 @@ class Pool:
         return conn
 
     async def _connect_any(self) -> Connection:
-        """A connection to the first of the host's addresses that takes one (looked up at most every 10 s)."""
-        error: OSError = OSError(f"no address for {self.host}")
-        for family, sockaddr in await self.resolver.addresses():
-            try:
-                _, conn = await self.loop.create_connection(
-                    lambda: Connection(self), sockaddr[0], sockaddr[1], family=family, ssl=self.ssl,
-                    server_hostname=self.host if self.ssl else None,
-                )  # fmt: skip
-                return conn
-            except OSError as e:
-                error = e
-        raise error
+        """A connection to the host's addresses (looked up at most every 10 s), raced as aiohttp's client races
+        them (RFC 8305 Happy Eyeballs, 250 ms apart): an address that drops packets does not hold the others up."""
+        infos = await self.resolver.addresses()
+        if not infos:
+            raise OSError(f"no address for {self.host}")
+        sock = await aiohappyeyeballs.start_connection(infos, happy_eyeballs_delay=0.25, interleave=1)
+        try:
+            _, conn = await self.loop.create_connection(
+                lambda: Connection(self), sock=sock, ssl=self.ssl, server_hostname=self.host if self.ssl else None
+            )
+        except BaseException:
+            sock.close()
+            raise
+        return conn
 
     def _release(self, conn: Connection) -> None:
         conn._idle_for(CLIENT_KEEPALIVE_S)
