@@ -80,14 +80,11 @@ def step_and_token_gaps(chunks: Sequence[tuple[float, int]]) -> tuple[list[float
 
     Only chunks that carried tokens are steps; the first of them is the prefill token and opens the first gap.
     """
-    steps = [(t, n) for t, n in chunks if n > 0]
-    step_gaps: list[float] = []
+    gaps = step_gaps(chunks)
     token_gaps: list[float] = []
-    for (t0, _), (t1, n1) in itertools.pairwise(steps):
-        gap = max(0.0, t1 - t0)
-        step_gaps.append(gap)
-        token_gaps.extend([gap / n1] * n1)
-    return step_gaps, token_gaps
+    for gap, n in gaps:
+        token_gaps.extend([gap / n] * n)
+    return [gap for gap, _ in gaps], token_gaps
 
 
 def token_span(chunks: Sequence[tuple[float, int]]) -> float:
