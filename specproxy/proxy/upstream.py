@@ -62,8 +62,8 @@ class Exchange:
     :meth:`relay`; :attr:`outcome` and :attr:`error` say how it ended."""
 
     __slots__ = (
-        "_early", "_early_bytes", "_free", "_head", "_signal", "_sink", "body_framing", "conn", "ended", "error",
-        "got_bytes", "method", "outcome", "paused", "reused", "sent_at",
+        "_early", "_early_bytes", "_free", "_head", "_signal", "_sink", "conn", "ended", "error", "got_bytes",
+        "method", "outcome", "paused", "reused", "sent_at",
     )  # fmt: skip
 
     def __init__(self, conn: Connection, method: str, reused: bool, free: Callable[[], None] | None) -> None:
@@ -78,7 +78,6 @@ class Exchange:
         self._early: list[tuple[int, bytes]] = []  # body read before the relay began
         self._early_bytes = 0
         self._signal: asyncio.Future[None] | None = None
-        self.body_framing = NONE
         self.paused = False
         self.ended = False
         self.outcome = "ok"
@@ -97,6 +96,11 @@ class Exchange:
             self.ended = True
             self._settle()
 
+    @property
+    def _early_paused(self) -> bool:
+        """Reading was paused because too much came before the relay began (:data:`EARLY_MAX`)."""
+        return self._early_bytes > EARLY_MAX
+
     def _settle(self) -> None:
         free, self._free = self._free, None
         if free is not None:
@@ -107,7 +111,7 @@ class Exchange:
         if sink is None:
             self._early.append((t, data))
             self._early_bytes += len(data)
-            if self._early_bytes > EARLY_MAX:
+            if self._early_paused:
                 self.conn.transport.pause_reading()  # resumed when the relay begins
         elif sink(t, data):
             self.paused = True
@@ -133,7 +137,7 @@ class Exchange:
         for t, data in early:
             if sink(t, data):
                 self.paused = True
-        if self._early_bytes > EARLY_MAX and not self.paused and not self.ended:
+        if self._early_paused and not self.paused and not self.ended:
             self.conn.transport.resume_reading()
         while True:
             if self.paused:
@@ -262,12 +266,10 @@ class Connection(asyncio.Protocol):
     def _read_head(self, ex: Exchange, t: int) -> None:
         while True:
             end = http1.head_end(self._buf)
-            if end < 0:
-                if len(self._buf) > http1.MAX_HEAD_BYTES:
-                    raise InvalidResponse(f"a response head over {http1.MAX_HEAD_BYTES // 1024} KiB")
-                return
-            if end > http1.MAX_HEAD_BYTES:
+            if (end if end >= 0 else len(self._buf)) > http1.MAX_HEAD_BYTES:
                 raise InvalidResponse(f"a response head over {http1.MAX_HEAD_BYTES // 1024} KiB")
+            if end < 0:
+                return
             head = http1.parse_head(bytes(self._buf[:end]))
             rest = bytes(self._buf[end:])
             del self._buf[:end]
@@ -279,7 +281,6 @@ class Connection(asyncio.Protocol):
             self._keep = http1.keeps_alive(head) and self._framing != CLOSE
             self._chunked = Chunked() if self._framing == CHUNKED else None
             self._buf.clear()
-            ex.body_framing = self._framing
             ex._got_head(head)
             if self._framing == NONE:
                 self._done(ex, keep=self._keep and not rest)
@@ -316,7 +317,7 @@ class Connection(asyncio.Protocol):
         ex._end()
         self.exchange = None
         self._cancel_timers()
-        if (ex.paused or ex._early_bytes > EARLY_MAX) and not self.closed:
+        if (ex.paused or ex._early_paused) and not self.closed:
             self.transport.resume_reading()  # paused for this exchange: the next one reads from the start
         if sending:  # answered before the request was all sent: drop the rest, and the connection with it
             self.close(abort=True)
