@@ -149,7 +149,7 @@ class Bookkeeper:
                 trace.overhead_ns, trace.overhead_max_ns, trace.overhead_count = ov_ns, ov_max, ov_n
                 if shed and SHED_FLAG not in trace.flags:
                     trace.flags.append(SHED_FLAG)
-                if retried:  # the relay sent it again after a reused connection failed (proxy/server._send)
+                if retried:  # the relay sent it again after a reused connection failed (proxy/upstream.Pool.request)
                     trace.flags.append(RETRIED_FLAG)
                 self.recorder.finish(trace, outcome, error, end_ns=t)
         elif kind == REFUSED:

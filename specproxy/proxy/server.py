@@ -1,18 +1,20 @@
 """The relay: every method and path forwarded, bodies byte-identical, streams relayed read by read.
 
-aiohttp details that matter here (engine-facts.md, "Proxying pitfalls"): the client session does not decompress
-(``auto_decompress=False``) so Content-Encoding and Content-Length stay true to the bytes sent; no total timeout
-(long generations), connect and idle-read timeouts instead; no connection cap by default; upstream bodies read with
-``iter_any()`` (lines of any length). The server runs with handler cancellation on, so a client that disconnects
-cancels its handler at once, which closes the upstream connection: vLLM then aborts the request and frees the GPU,
-also during prefill before the first byte. A request whose pooled connection fails before any byte of an answer (the
-upstream closed it as it was reused) is sent once more on a new connection, POST included (:func:`_send`).
+aiohttp serves the clients; requests go to the engine through the relay's own HTTP/1.1 client
+(:mod:`specproxy.proxy.upstream`), whose connection callback writes each read of a reply to the client (:func:`_sink`).
+Bodies are relayed undecoded, so Content-Encoding and Content-Length stay true to the bytes sent; no total timeout
+(long generations), connect and idle-read timeouts instead; no connection cap by default. The server runs with
+handler cancellation on, so a client that disconnects cancels its handler at once, which closes the upstream
+connection: vLLM then aborts the request and frees the GPU, also during prefill before the first byte. A request
+whose pooled connection fails before any byte of an answer (the upstream closed it as it was reused) is sent once
+more on a new connection (:meth:`specproxy.proxy.upstream.Pool.request`).
 
-Byte for byte also for the request target (RFC 9112 3.2): ``request.raw_path`` is forwarded as sent (see
-:meth:`Upstream.url`), and recorded without its query string. The front door (:mod:`specproxy.serving`): a body
-over ``--max-body`` is refused before it is read, a body that stops coming gets 408, a head that never completes
-is closed. :meth:`ProxyHandle.close` stops in two steps; streams it cuts are recorded with outcome ``shutdown``.
-Error texts, in records and in the proxy's own error responses, go through :func:`specproxy.core.errors.one_line`.
+Byte for byte also for the request target (RFC 9112 3.2): ``request.raw_path`` is forwarded as sent (``_relay``
+puts it on the request line after the upstream's path), and recorded without its query string. The front door
+(:mod:`specproxy.serving`): a body over ``--max-body`` is refused before it is read, a body that stops coming gets
+408, a head that never completes is closed. :meth:`ProxyHandle.close` stops in two steps; streams it cuts are
+recorded with outcome ``shutdown``. Error texts, in records and in the proxy's own error responses, go through
+:func:`specproxy.core.errors.one_line`.
 
 The relay reads nothing of what it relays: per request it hands events to the bookkeeping
 (:class:`specproxy.proxy.link.EventLink`: the request, the response head, each read with the time it arrived, the
@@ -30,7 +32,6 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,7 +48,7 @@ from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig
 from specproxy.proxy.link import EventLink, Relayed
-from specproxy.proxy.upstream import Exchange, Pool, UpstreamError, request_head
+from specproxy.proxy.upstream import Exchange, Pool, Sink, UpstreamError, request_head
 from specproxy.recorder.recorder import Recorder
 from specproxy.server_log import quiet_bad_requests
 from specproxy.serving import (
@@ -294,7 +295,7 @@ async def _relay_body(
     return resp, outcome, error
 
 
-def _sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> Callable[[int, bytes], bool]:
+def _sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> Sink:
     """What the upstream connection does with each read of a reply's body, in its own callback: the bytes to the
     client first (framed as the client's response is), then the event to the bookkeeping; True when the client's
     buffer is full."""
