@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from specproxy.core.errors import one_line
+from specproxy.core.errors import one_line, shown_url
 from specproxy.core.record import read_records
 from tests.proxyutil import raw_exchange, running_proxy, started_proxy
 from tests.upstreams import Script, capture_pieces, start_raw_upstream, start_upstream
@@ -261,3 +261,10 @@ async def test_a_malformed_request_line_is_logged_in_one_line_without_its_bytes(
         assert text.startswith("unparsable request from ") and "(request bytes not logged)" in text, text
         assert r.levelno <= logging.WARNING
     assert "SECRET" not in caplog.text
+
+
+def test_an_upstreams_credentials_are_never_shown() -> None:
+    """Banners and scrape warnings name the upstream: never with the ``user:password@`` it may carry."""
+    assert shown_url("https://user:s3cret@vllm:8000/v1") == "https://vllm:8000/v1"
+    assert shown_url("http://a:b@c@[::1]:8000") == "http://[::1]:8000"
+    assert shown_url("http://vllm:8000") == "http://vllm:8000" and shown_url("vllm") == "vllm"

@@ -14,6 +14,7 @@ import typer
 from specproxy.analysis.slo import parse_slo
 from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
 from specproxy.commands.options import EngineOpt, KOpt, TokenizerOpt, check_engine
+from specproxy.core.errors import shown_url
 from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_tokenizer
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
@@ -274,7 +275,7 @@ async def _main(cfg: ProxyConfig) -> None:
 
     with stop_signals(on_signal):
         where = ", ".join(f"http://{cfg.host}:{p}" for p in bound_ports(handle.runner))
-        typer.echo(f"specproxy proxy: {where} -> {cfg.upstream}", err=True)  # once a signal stops it cleanly
+        typer.echo(f"specproxy proxy: {where} -> {shown_url(cfg.upstream)}", err=True)  # once a signal stops it cleanly
         try:
             await stop.wait()
         finally:
@@ -312,9 +313,8 @@ def _run_workers(cfg: ProxyConfig) -> None:
 
     def ready(port: int) -> None:
         n = cfg.workers
-        typer.echo(
-            f"specproxy proxy: http://{cfg.host}:{port} -> {cfg.upstream} ({n} relay{'s' if n > 1 else ''})", err=True
-        )
+        relays = f"{n} relay{'s' if n > 1 else ''}"
+        typer.echo(f"specproxy proxy: http://{cfg.host}:{port} -> {shown_url(cfg.upstream)} ({relays})", err=True)
 
     ended = run_async(workers.supervise(children, reservation, cfg.drain_timeout_s, ready))
     raise typer.Exit(_workers_exit_code(ended))

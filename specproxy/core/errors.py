@@ -52,3 +52,12 @@ def one_line(text: object, limit: int = 200, *, hosts: Iterable[str] = ()) -> st
     if len(s) > limit:
         s = s[: max(limit - 1, 0)].rstrip() + ELLIPSIS
     return s
+
+
+def shown_url(url: str) -> str:
+    """A URL as logs and banners may show it: without ``user:password@`` (an upstream's credentials)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority.rsplit('@', 1)[-1]}{slash}{path}"

@@ -22,6 +22,7 @@ import aiohttp
 
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.ledger import CounterLedger, counts_of
+from specproxy.core.errors import shown_url
 from specproxy.core.prom import (
     RECORDER_FAMILIES,
     MetricsParseError,
@@ -83,6 +84,7 @@ class Scraper:
     ) -> None:
         self._session = session
         self.url = url
+        self._shown = shown_url(url) if url is not None else None  # for logs: no credentials
         self._ledger = ledger
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -156,7 +158,7 @@ class Scraper:
             try:
                 ok = await self._scrape_once()
             except Exception as e:  # a bug of ours (the ledger, a parser): this scrape is lost, scraping goes on
-                log.exception("scrape of %s: bookkeeping failed", self.url)
+                log.exception("scrape of %s: bookkeeping failed", self._shown)
                 self._error(f"{type(e).__name__}: {e}")
             finally:  # also when close() cancels a scrape in flight: its waiters hear "no scrape" at once
                 for w in waiters:
@@ -258,7 +260,7 @@ class Scraper:
         if self._on_error is not None:
             self._on_error()
         if reason != self.state.last_error:
-            log.warning("scrape of %s failed: %s (traffic unaffected; attribution falls back)", self.url, reason)
+            log.warning("scrape of %s failed: %s (traffic unaffected; attribution falls back)", self._shown, reason)
         self.state.last_error = reason
 
     async def close(self) -> None:
@@ -272,7 +274,7 @@ class Scraper:
             except asyncio.CancelledError:
                 pass
             except Exception:  # it had died of a bug: closing must still let the records be written
-                log.exception("the scraper of %s had stopped on an error", self.url)
+                log.exception("the scraper of %s had stopped on an error", self._shown)
         for w in self._waiters:
             if not w.done():
                 w.set_result(False)
