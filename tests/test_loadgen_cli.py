@@ -241,6 +241,8 @@ def test_run_and_replay_accept_every_shared_option(capsys: pytest.CaptureFixture
     [
         ("--capture", "x", "--capture must be one of none, request, full, got 'x'"),
         ("--metrics-url", "foo", "--metrics-url must be an http:// or https:// URL, got 'foo'"),
+        ("--metrics-url", "http://[::1", "--metrics-url must be an http:// or https:// URL, got 'http://[::1'"),
+        ("--metrics-url", "http://h:99999", "--metrics-url must be an http:// or https:// URL, got 'http://h:99999'"),
         ("--k", "0", "--k must be at least 1, got 0"),
         ("--wait-ready", "0", "--wait-ready must be positive, got 0"),
         ("--connect-timeout", "0", "--connect-timeout must be positive, got 0"),

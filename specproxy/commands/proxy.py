@@ -30,8 +30,13 @@ CAPTURES = ("none", "request", "full")
 
 
 def check_url(value: str, what: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018  # a port that is not a number, or out of range, raises here
+    except ValueError:  # "http://[::1" (an unclosed IPv6 address), "http://h:99999"
+        ok = False
+    if not ok:
         raise typer.BadParameter(f"{what} must be an http:// or https:// URL, got {value!r}")
     return value.rstrip("/")
 
