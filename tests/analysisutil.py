@@ -115,6 +115,7 @@ def make_record(
             "prompt_tokens": 20,
             "completion_tokens": total,
             "token_source": "usage",
+            "chunk_token_source": "usage",
             "ttft_s": ttft_s,
             "e2e_s": chunks[-1][0] + tail_s,
             "decode_tok_s": (total - 1) / span if span > 0 else None,

@@ -208,9 +208,7 @@ async def test_a_get_is_sent_again_once_as_a_post_is(tmp_path: Path) -> None:
         statuses = []
         for _ in range(2):
             async with s.get(px.url + "/v1/models") as resp:
-                await resp.read()
                 statuses.append(resp.status)
-        await px.flush()
-        recs = sorted(px.records(), key=lambda r: r["started_at"])
+                last_body = await resp.read()
     assert statuses == [200, 502] and seen == ["answered", "dropped", "dropped"], (statuses, seen)
-    assert "upstream_retried" in recs[1]["flags"] and "sent twice" in (recs[1]["error"] or ""), recs[1]
+    assert b"sent twice" in last_body, last_body  # a GET is not recorded (core.inference): its 502 says it

@@ -53,7 +53,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Record], Any]], ...] = (
     *((n, "string", _field(n)) for n in ("outcome", "error", "finish_reason")),
     ("truncated", "bool", _field("truncated")),
     *((n, "int64", _field(n)) for n in ("prompt_tokens", "completion_tokens", "cached_tokens")),
-    ("token_source", "string", _field("token_source")),
+    *((n, "string", _field(n)) for n in ("token_source", "chunk_token_source")),  # chunk_token_source: schema 5
     *((n, "float64", _field(n)) for n in ("ttft_s", "e2e_s", "decode_tok_s", "tpot_s", "upstream_headers_s")),
     *((n, "int64", _field(n)) for n in ("events", "reads", "multi_event_reads", "keepalives")),
     ("chunks_are_steps", "bool", _field("chunks_are_steps")),
@@ -68,6 +68,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Record], Any]], ...] = (
     ("replay_of", "string", _field("replay_of")),
     ("conversation", "string", _field("conversation")),  # multi-turn runs (record schema 3); null before
     ("turn", "int64", _field("turn")),
+    ("engine", "string", _field("engine")),  # record schema 4; null before
 )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from specproxy.analysis.scan import Item, decode_line
 from specproxy.analysis.sources import SourceError, file_lines, run_files, run_name
+from specproxy.core.inference import is_inference
 from specproxy.core.record import NotJSONError, Record, RecordError, cut_short, log
 from specproxy.core.salvage import GLUED, glued_tail
 
@@ -51,10 +52,13 @@ def read_run(path: str | Path) -> Iterator[Item]:
     """Every record of one run, in file order (oldest rotation first), labelled. Raises InputError (one line)."""
     p = Path(path)
     default = run_name(p)
-    n = 0
+    n = passed = 0
     try:
         for item in _items(p):
             n += 1
+            if not is_inference(item.rec["method"], item.rec["path"]):
+                passed += 1  # an older specproxy recorded every request relayed: not a workload's
+                continue
             if item.rec["label"] is None:
                 item.rec["label"] = default
             yield item
@@ -64,6 +68,8 @@ def read_run(path: str | Path) -> Iterator[Item]:
         raise InputError(f"{p}: cannot read: {e.strerror or e}") from None
     if not n:
         raise InputError(f"{p}: no records (the file is empty; did the run finish any request?)")
+    if passed:
+        log.warning("%s: left out %d records of requests that are not inference (GET /metrics, /health, ...)", p, passed)
 
 
 PARALLEL_BYTES = 64 * 1024 * 1024

@@ -90,6 +90,7 @@ def synth_record(i: int, rng: random.Random, chunks: int = 106) -> dict[str, Any
         "completion_tokens": total,
         "cached_tokens": None,
         "token_source": "usage",
+        "chunk_token_source": "usage",
         "ttft_s": round(ttft, 6),
         "e2e_s": round(t + 0.001, 6),
         "decode_tok_s": (total - 1) / span if span > 0 else None,

@@ -20,7 +20,7 @@ import orjson
 
 from specproxy.core.salvage import GLUED, glued_tail
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -85,7 +85,8 @@ class Record(TypedDict):
     prompt_tokens: int | None
     completion_tokens: int | None
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache
-    token_source: str
+    token_source: str  # where completion_tokens came from
+    chunk_token_source: str  # where the split of that total over the chunks came from (the same, or an estimate)
     ttft_s: float | None
     e2e_s: float | None
     decode_tok_s: float | None
@@ -136,6 +137,10 @@ def _adding(*fields: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return up
 
 
+def _upgrade_4_to_5(rec: dict[str, Any]) -> dict[str, Any]:
+    return {**rec, "chunk_token_source": rec.get("token_source"), "schema_version": 5}
+
+
 _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     0: _upgrade_0_to_1,
     # 2: the prompt tokens the engine served from its prefix cache; version 1 never read them
@@ -144,6 +149,8 @@ _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     2: _adding("conversation", "turn"),
     # 4: the engine and its own timings; version 3 spoke to vLLM's OpenAI server only but did not say so: unknown
     3: _adding("engine", "engine_timings"),
+    # 5: the chunks' token counts say where they came from apart from the total's; version 4 had one source for both
+    4: _upgrade_4_to_5,
 }
 
 
@@ -369,6 +376,7 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         completion_tokens=_int(obj.get("completion_tokens")),
         cached_tokens=_int(obj.get("cached_tokens")),
         token_source=_str(obj.get("token_source")) or "none",
+        chunk_token_source=_str(obj.get("chunk_token_source")) or _str(obj.get("token_source")) or "none",
         ttft_s=number(obj.get("ttft_s")),
         e2e_s=number(obj.get("e2e_s")),
         decode_tok_s=number(obj.get("decode_tok_s")),

@@ -34,7 +34,8 @@ TEXT_CAPTURE_LIMIT = 4 * 1024 * 1024
 class TimelineResult:
     stream: bool
     chunks: list[tuple[float, int]]  # (offset_s, tokens) per token- or text-bearing event
-    token_source: TokenSource
+    token_source: TokenSource  # where the totals came from (completion_tokens)
+    chunk_token_source: TokenSource  # where the split over chunks came from: the same, or a tokenizer's estimate
     ttft_s: float | None
     decode_tok_s: float | None
     tpot_s: float | None
@@ -256,12 +257,25 @@ class ResponseTimeline:
             self._parse_body(end_ns)
         prompt_tokens, usage_completion = self._final_usage
         completion = usage_completion if usage_completion is not None else (self._sum_tokens or None)
-        source: TokenSource = "none"
+        chunk_source: TokenSource = "none"
         if self._sources:
-            source = self._sources.most_common(1)[0][0]  # type: ignore[assignment]
+            chunk_source = self._sources.most_common(1)[0][0]  # type: ignore[assignment]
+        source = chunk_source
         flags: list[str] = []
-        if self.stream and source not in ("usage", "token_ids"):
-            flags.append("no_usage")
+        chunks = self.chunks
+        if self.stream and chunk_source not in ("usage", "token_ids"):
+            if usage_completion is not None:
+                # the final usage alone (stream_options.include_usage): the total is the server's, exact; the split
+                # over chunks is the tokenizer's, scaled to add up to it
+                source = "usage"
+                scaled = scaled_counts(chunks, usage_completion)
+                if scaled is not None and scaled != chunks:
+                    chunks = scaled
+                    flags.append("chunk_counts_scaled")
+            else:
+                flags.append("no_usage")
+        elif usage_completion is not None and chunk_source == "none":
+            source = "usage"  # a non-streamed body: its usage is its only count
         if self.multi_event_reads:
             flags.append("multi_event_reads")
         if self.non_json:
@@ -277,15 +291,16 @@ class ResponseTimeline:
         if self._bad_usage:
             flags.append("bad_usage")
         ttft = (self.first_token_ns - self.start_ns) / 1e9 if self.first_token_ns is not None else None
-        rate = decode_tok_s(self.chunks) if self.stream else None
+        rate = decode_tok_s(chunks) if self.stream else None
         tpot = None
         if self.stream and completion and completion > 1 and self.first_token_ns is not None and self.last_token_ns:
             span = (self.last_token_ns - self.first_token_ns) / 1e9
             tpot = span / (completion - 1) if span > 0 else None
         return TimelineResult(
             stream=self.stream,
-            chunks=self.chunks,
+            chunks=chunks,
             token_source=source,
+            chunk_token_source=chunk_source,
             ttft_s=ttft,
             decode_tok_s=rate,
             tpot_s=tpot,
@@ -366,26 +381,35 @@ def timeline_for(
     )
 
 
+def scaled_counts(chunks: list[tuple[float, int]], total: int) -> list[tuple[float, int]] | None:
+    """``chunks`` with their token counts scaled to add up to ``total`` (an exact count of the whole), or None when
+    ``total`` contradicts them (below the number of token-bearing chunks). Each token-bearing chunk keeps at least one
+    token (it was an engine step), and the rest is shared in proportion to the tokens each had beyond that one,
+    largest remainders first."""
+    bearing = [i for i, (_, n) in enumerate(chunks) if n > 0]
+    if not bearing or total < len(bearing):
+        return None
+    out = list(chunks)
+    extra = [chunks[i][1] - 1 for i in bearing]
+    weights = extra if sum(extra) > 0 else [1] * len(bearing)
+    spare = total - len(bearing)
+    wsum = sum(weights)
+    shares = [spare * w / wsum for w in weights]
+    counts = [1 + int(s) for s in shares]
+    left = total - sum(counts)
+    for j in sorted(range(len(bearing)), key=lambda j: shares[j] - int(shares[j]), reverse=True)[:left]:
+        counts[j] += 1
+    for i, n in zip(bearing, counts, strict=True):
+        out[i] = (out[i][0], n)
+    return out
+
+
 def with_counted_total(tl: TimelineResult, total: int, source: TokenSource) -> TimelineResult:
     """The timeline with its completion counted again as a whole (the engine's ``/tokenize`` over the response text):
     ``completion_tokens`` becomes ``total``, and the chunk counts, which a per-chunk tokenizer gave on the relay path,
-    are scaled to add up to it. Each token-bearing chunk keeps at least one token (it was an engine step), and the
-    rest is shared in proportion to the tokens each had beyond that one, largest remainders first. A total below the
-    number of token-bearing chunks contradicts the chunks: then only ``completion_tokens`` changes."""
-    bearing = [i for i, (_, n) in enumerate(tl.chunks) if n > 0]
-    chunks = list(tl.chunks)
-    if bearing and total >= len(bearing):
-        extra = [tl.chunks[i][1] - 1 for i in bearing]
-        weights = extra if sum(extra) > 0 else [1] * len(bearing)
-        spare = total - len(bearing)
-        wsum = sum(weights)
-        shares = [spare * w / wsum for w in weights]
-        counts = [1 + int(s) for s in shares]
-        left = total - sum(counts)
-        for j in sorted(range(len(bearing)), key=lambda j: shares[j] - int(shares[j]), reverse=True)[:left]:
-            counts[j] += 1
-        for i, n in zip(bearing, counts, strict=True):
-            chunks[i] = (chunks[i][0], n)
+    are scaled to add up to it (:func:`scaled_counts`). A total below the number of token-bearing chunks contradicts
+    the chunks: then only ``completion_tokens`` changes."""
+    chunks = scaled_counts(tl.chunks, total) or list(tl.chunks)
     rate = decode_tok_s(chunks) if tl.stream else None
     tpot = None
     if tl.stream and total > 1 and tl.ttft_s is not None and tl.last_token_s is not None:

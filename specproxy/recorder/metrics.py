@@ -72,6 +72,13 @@ class OwnMetrics:
             ["status"],
             registry=r,
         )
+        self.passthrough = Counter(
+            "specproxy_passthrough_requests",
+            "Requests relayed that are not inference (health checks, /metrics polls, /v1/models, probes, tokenizer "
+            "and embedding calls): counted by kind and outcome, never recorded nor part of a workload.",
+            ["kind", "outcome"],
+            registry=r,
+        )
         self.scrape_errors = Counter(
             "specproxy_upstream_scrape_errors", "Failed scrapes of the engine's /metrics.", registry=r
         )

@@ -22,6 +22,7 @@ from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_figure
 from specproxy.core.errors import one_line
+from specproxy.core.inference import is_inference, kind_of
 from specproxy.core.prom import NO_SPEC_COUNTERS
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
@@ -86,6 +87,7 @@ class Recorder:
         self.workload_spec: dict[str, SpecCounts] = {}
         self.workload_requests: dict[str, dict[str, int]] = {}
         self.refused_requests: dict[int, int] = {}
+        self.passthrough: dict[str, dict[str, int]] = {}  # requests that are not inference: kind -> outcome -> n
 
     async def start(self) -> None:
         await self.sink.start()
@@ -93,6 +95,8 @@ class Recorder:
         self.engine.start()
 
     def begin(self, meta: RequestMeta, *, keep_text: bool = False) -> Trace:
+        if not is_inference(meta.method, meta.path):
+            return Trace(meta, tokenizer=None, keep_text=False, ledger=None, passthrough=True)
         self.in_flight += 1
         self.metrics.in_flight.inc()
         self.ledger.begin(meta.request_id, meta.workload)
@@ -116,6 +120,9 @@ class Recorder:
 
     def finish(self, trace: Trace, outcome: str, error: str | None = None, *, end_ns: int | None = None) -> None:
         """Never raises and never blocks: the record is completed in a task after the closing scrape."""
+        if trace.passthrough:
+            self._passed(trace, outcome)
+            return
         end_ns = time.perf_counter_ns() if end_ns is None else end_ns
         self.in_flight -= 1
         self.metrics.in_flight.dec()
@@ -124,6 +131,15 @@ class Recorder:
         task = asyncio.get_running_loop().create_task(self._finalize(trace, outcome, error, end_ns))
         self._finalizers.add(task)
         task.add_done_callback(self._finalizers.discard)
+
+    def _passed(self, trace: Trace, outcome: str) -> None:
+        """A request that is not inference ended: counted by kind and outcome, not recorded (core.inference)."""
+        if outcome == "ok" and trace.status is not None and trace.status >= 400:
+            outcome = "upstream_error"
+        kind = kind_of(trace.meta.method, trace.meta.path)
+        per = self.passthrough.setdefault(kind, {})
+        per[outcome] = per.get(outcome, 0) + 1
+        self.metrics.passthrough.labels(kind, outcome).inc()
 
     async def _finalize(self, trace: Trace, outcome: str, error: str | None, end_ns: int) -> None:
         rid = trace.meta.request_id
@@ -175,6 +191,9 @@ class Recorder:
         meta = trace.meta
         if outcome == "ok" and tl is not None and tl.error is not None:
             outcome, error = "upstream_error", error or _one_line(tl.error)
+        closed_at_end = outcome == "client_cancelled" and tl is not None and tl.done and tl.error is None
+        if closed_at_end:  # the end of the answer was relayed: what the client did next is not a cancellation
+            outcome, error = "ok", None
         rec: Record = self._minimal_record(trace, outcome, error)
         rec["e2e_s"] = (end_ns - meta.start_ns) / 1e9
         if tl is None:
@@ -185,7 +204,7 @@ class Recorder:
             Evidence(
                 stream=tl.stream,
                 tokens=[n for _, n in tl.chunks if n > 0],
-                exact_counts=tl.token_source in EXACT_SOURCES,
+                exact_counts=tl.chunk_token_source in EXACT_SOURCES,
                 several_choices="several_choices" in tl.flags,
                 k=float(self.config.k) if self.config.k else self.scraper.learned_k(),
                 server_spec=tl.server_spec,
@@ -197,6 +216,8 @@ class Recorder:
             )
         )
         flags = [*rec["flags"], *tl.flags, *choice.flags]
+        if closed_at_end:
+            flags.append("client_closed_at_end")
         if tl.stream and outcome == "ok" and not tl.done:
             flags.append("no_done_marker")
         rec["upstream_id"] = tl.upstream_id
@@ -207,6 +228,7 @@ class Recorder:
         rec["completion_tokens"] = tl.completion_tokens
         rec["cached_tokens"] = tl.cached_tokens
         rec["token_source"] = tl.token_source
+        rec["chunk_token_source"] = tl.chunk_token_source
         rec["ttft_s"] = tl.ttft_s
         rec["decode_tok_s"], decode_flag = decode_figure(
             (engine, tl.engine_hint), tl.stream, tl.chunks, tl.decode_tok_s, tl.engine_timings
@@ -266,6 +288,7 @@ class Recorder:
             "completion_tokens": None,
             "cached_tokens": None,
             "token_source": "none",
+            "chunk_token_source": "none",
             "ttft_s": None,
             "e2e_s": (time.perf_counter_ns() - meta.start_ns) / 1e9,
             "decode_tok_s": None,
@@ -363,6 +386,7 @@ class Recorder:
                 "files_deleted": self.sink.files_deleted,
             },
             "refused": {str(status): n for status, n in sorted(self.refused_requests.items())},  # answered, unrecorded
+            "passthrough": {k: dict(sorted(v.items())) for k, v in sorted(self.passthrough.items())},  # unrecorded
         }
 
     def _check_calibration(self) -> None:

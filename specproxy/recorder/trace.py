@@ -49,14 +49,22 @@ class Trace:
         "overhead_count",
         "overhead_max_ns",
         "overhead_ns",
+        "passthrough",
         "status",
         "timeline",
     )
 
     def __init__(
-        self, meta: RequestMeta, *, tokenizer: Tokenizer | None, keep_text: bool, ledger: CounterLedger | None
+        self,
+        meta: RequestMeta,
+        *,
+        tokenizer: Tokenizer | None,
+        keep_text: bool,
+        ledger: CounterLedger | None,
+        passthrough: bool = False,
     ) -> None:
         self.meta = meta
+        self.passthrough = passthrough  # not inference (core.inference): relayed and counted, never read or recorded
         self._tokenizer = tokenizer
         self._keep_text = keep_text
         self._ledger = ledger  # None when the engine's counters are not scraped
@@ -80,6 +88,8 @@ class Trace:
         """The response head arrived (at ``t_ns``, default now)."""
         self.status = status
         self.headers_ns = time.perf_counter_ns() if t_ns is None else t_ns
+        if self.passthrough:
+            return
         self.timeline = timeline_for(  # the path picks the wire dialect, the content type whether it streams
             self.meta.start_ns,
             path=self.meta.path,
