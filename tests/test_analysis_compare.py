@@ -12,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from specproxy.analysis.compare import build_comparison
+from specproxy.analysis.render_compare import compare_json, compare_tables
 from specproxy.commands.analysis import register
 from specproxy.core.record import Record
 from tests.analysisutil import baseline_records, make_record, write_run
@@ -126,3 +127,29 @@ def test_compare_cli_markdown_and_json(tmp_path: Path) -> None:
     assert code == 2 and "baseline label 'nope' is not in the runs" in err
     code, _, err = invoke("compare", str(a), "--metric", "fast")
     assert code == 2 and "--metric must be one of decode, output" in err
+
+
+def test_the_same_requests_pair_without_a_replay() -> None:
+    """``matrix`` and ``run`` with one seed send each configuration the same bodies in the same order: those pair,
+    whatever each configuration calls its model, and the row says how; bodies that differ do not."""
+
+    def body(i: int, model: str) -> dict[str, object]:
+        return {"model": model, "messages": [{"role": "user", "content": f"prompt {i}"}], "max_tokens": 32}
+
+    base = [make_record(f"b{i}", plain_steps=10, label="Base", step_s=0.01, request=body(i, "m")) for i in range(11)]
+    spec = [
+        make_record(f"s{i}", accepted=[1] * i + [0] * (10 - i), k=1, label="MTP", step_s=0.01, request=body(i, "m-mtp"))
+        for i in range(11)
+    ]
+    other = [
+        make_record(f"o{i}", plain_steps=5, label="Other", step_s=0.01, request=body(100 + i, "m")) for i in range(3)
+    ]
+    c = build_comparison(base + spec + other, baseline="Base")
+    rows = {r.label: r for r in c.rows}
+    mtp = rows["MTP"]
+    assert mtp.paired is not None and mtp.paired.pairs == 11 and mtp.paired_by == "same request"
+    assert mtp.paired.median == pytest.approx(1.5)
+    assert rows["Other"].paired is None
+    text = "\n".join(str(n) for t in compare_tables(c) for n in t.notes)
+    assert "by the same workload and request body: 1 row" in text
+    assert compare_json(c)["rows"][1]["paired"]["by"] == "same request"

@@ -14,8 +14,8 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxyutil import running_proxy
-from simutil import running_sim
+from tests.proxyutil import running_proxy
+from tests.simutil import running_sim
 
 CHAT = {
     "model": "sim-model",

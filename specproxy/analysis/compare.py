@@ -1,11 +1,12 @@
 """The comparison table the published measurements use: per workload, configuration | tok/s | speedup vs baseline |
 acceptance, with medians over repeats and the spread; plus paired per-request speedups when runs replayed one
-recording.
+recording or sent the same requests.
 
 A configuration is a record's ``label``. The baseline is the label asked for, else the first label whose records
 show no speculation (no spec block, or no drafts), else the first label given. Speedup is the ratio of medians.
-Paired speedups match a request by ``replay_of`` (or, for the original recording, its own ``request_id``), so a
-replay lines up with the request it re-sent and with other replays of it. Pure: records in, rows out.
+Paired speedups match the same request in both runs (:mod:`.pairing`: the same workload and body, as ``matrix`` and
+``run`` with one seed send them; else ``replay_of``), and each row says how it was paired. Pure: records in, rows
+out.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specproxy.analysis.confidence import (
     ratio_of_medians,
     speedup_verdict,
 )
+from specproxy.analysis.pairing import BY_BODY, BY_REPLAY, body_key, replay_key
 from specproxy.analysis.sample import KeySample, Reservoir
 from specproxy.analysis.scan import ChunkBatch, Item, item_of
 from specproxy.analysis.sketch import EXACT_LIMIT, RELATIVE_ERROR
@@ -60,6 +62,7 @@ class CompareRow:
     mean_acceptance_length: float | None
     is_baseline: bool
     paired: Paired | None
+    paired_by: str | None = None  # how the pairs were matched: pairing.BY_BODY or BY_REPLAY
     goodput: Goodput | None = None  # with an SLO: attainment, good requests and tokens per second (medians)
     speedup_ci: Interval | None = None  # 95% bootstrap interval (decode metric; paired when requests pair up)
     acceptance_ci: Interval | None = None
@@ -102,11 +105,6 @@ def choose_baseline(by_label: Mapping[str, Acceptance], asked: str | None) -> tu
     return labels[0], "the first configuration given (none ran without speculation)"
 
 
-def _match_key(rec: Record) -> str:
-    replay_of = rec["replay_of"]
-    return replay_of if replay_of is not None else rec["request_id"]
-
-
 class _Cell:
     """One workload and label: the report group, and the per-request values the intervals and pairs need."""
 
@@ -114,7 +112,8 @@ class _Cell:
         self.group = GroupAcc(spec)
         self.rates: Reservoir[float] = Reservoir(MAX_SAMPLES)
         self.pairs: Reservoir[tuple[float, float]] = Reservoir(MAX_SAMPLES)
-        self.by_request = KeySample()
+        self.by_body = KeySample()  # the same request (pairing.body_key)
+        self.by_replay = KeySample()  # replay_of (pairing.replay_key): runs that captured no bodies
 
     def add(self, item: Item, batch: ChunkBatch) -> None:
         self.group.add(item, batch)
@@ -123,19 +122,33 @@ class _Cell:
         if is_ok(rec) and v is not None:
             self.rates.add(v)
             if v > 0:
-                self.by_request.add(_match_key(rec), v)
+                if (key := body_key(rec)) is not None:
+                    self.by_body.add(key, v)
+                self.by_replay.add(replay_key(rec), v)
         spec = rec["spec"]
         if spec is not None and spec["source"] is not None:
             self.pairs.add((spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0))
 
-    def medians(self) -> dict[str, float]:
-        """Median decode tok/s per matched request (several repeats of one request collapse to their median)."""
-        return {k: m for k, vs in self.by_request.values.items() if (m := median(vs)) is not None}
+    @property
+    def sampled(self) -> bool:
+        return self.by_body.sampled or self.by_replay.sampled
 
 
-def _ratios(base: _Cell, other: _Cell) -> list[float]:
-    b, mine = base.medians(), other.medians()
-    return [mine[k] / b[k] for k in mine.keys() & b.keys()]
+def _medians(sample: KeySample) -> dict[str, float]:
+    """Median decode tok/s per matched request (several repeats of one request collapse to their median)."""
+    return {k: m for k, vs in sample.values.items() if (m := median(vs)) is not None}
+
+
+def _ratios(base: _Cell, other: _Cell) -> tuple[list[float], str | None]:
+    """Per-request speedups of the requests both ran, and how they were paired (:mod:`.pairing`)."""
+    for how, b, mine in (
+        (BY_BODY, _medians(base.by_body), _medians(other.by_body)),
+        (BY_REPLAY, _medians(base.by_replay), _medians(other.by_replay)),
+    ):
+        common = mine.keys() & b.keys()
+        if common:
+            return [mine[k] / b[k] for k in common], how
+    return [], None
 
 
 def _paired(ratios: Sequence[float]) -> Paired | None:
@@ -199,7 +212,7 @@ class ComparisonBuilder:
                 f"medians and spreads of groups with over {EXACT_LIMIT:,} values are from a DDSketch: within "
                 f"{RELATIVE_ERROR:.1%}"
             )
-        if sampled := sum(1 for c in self.cells.values() if c.by_request.sampled):
+        if sampled := sum(1 for c in self.cells.values() if c.sampled):
             notes.append(f"paired speedups of {sampled} configurations come from a sample of requests chosen by hash")
         if any(c.rates.sampled or c.pairs.sampled for c in self.cells.values()):
             notes.append(f"intervals resample a uniform sample of {MAX_SAMPLES:,} requests per configuration")
@@ -219,10 +232,10 @@ class ComparisonBuilder:
         else:
             kind, lo, hi = "none", None, None
         is_base = label == base_label
-        paired = speedup_ci = None
+        paired = speedup_ci = paired_by = None
         base_cell = self.cells.get((workload, base_label))
         if not is_base and base_cell is not None:
-            ratios = _ratios(base_cell, cell)
+            ratios, paired_by = _ratios(base_cell, cell)
             paired = _paired(ratios)
             speedup_ci = _speedup_ci(metric, base_cell, cell, ratios if paired is not None else ())
         pairs = cell.pairs.items
@@ -240,6 +253,7 @@ class ComparisonBuilder:
             mean_acceptance_length=g.acceptance.mean_acceptance_length,
             is_baseline=is_base,
             paired=paired,
+            paired_by=paired_by,
             goodput=Goodput(g.figure("slo_attainment"), g.figure("goodput_req_s"), g.figure("goodput_tok_s"))
             if self.spec.slo is not None
             else None,

@@ -69,7 +69,9 @@ def read_run(path: str | Path) -> Iterator[Item]:
     if not n:
         raise InputError(f"{p}: no records (the file is empty; did the run finish any request?)")
     if passed:
-        log.warning("%s: left out %d records of requests that are not inference (GET /metrics, /health, ...)", p, passed)
+        log.warning(
+            "%s: left out %d records of requests that are not inference (GET /metrics, /health, ...)", p, passed
+        )
 
 
 PARALLEL_BYTES = 64 * 1024 * 1024

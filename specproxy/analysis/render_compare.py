@@ -7,6 +7,7 @@ from typing import Any
 
 from specproxy.analysis.compare import CompareRow, Comparison
 from specproxy.analysis.confidence import LEVEL, Interval
+from specproxy.analysis.pairing import BY_BODY, BY_REPLAY
 from specproxy.analysis.render import JSON_VERSION
 from specproxy.analysis.tables import Table, fmt, fmt_pct, fmt_spread, fmt_x
 
@@ -63,11 +64,19 @@ def compare_tables(c: Comparison) -> list[Table]:
         notes.append("spread: " + "; ".join(kinds))
     if any(r.speedup_ci for r in c.rows):
         notes.append(
-            "95% CI: bootstrap over requests (paired by request where runs replayed the same ones); a speedup is "
+            "95% CI: bootstrap over requests (paired by request where runs sent the same ones); a speedup is "
             "faster or slower only when its interval clears 0.97-1.03x (a run's drift), else not distinguishable"
         )
     if any(r.paired for r in c.rows):
-        notes.append("paired: per-request speedup over the baseline's replay of the same request, median (p10-p90)")
+        how = {BY_BODY: "the same workload and request body", BY_REPLAY: "replay_of"}
+        ways = "; ".join(
+            f"{how.get(way, way)}: {n} row{'s' if n > 1 else ''}"
+            for way in (BY_BODY, BY_REPLAY)
+            if (n := sum(1 for r in c.rows if r.paired and r.paired_by == way))
+        )
+        notes.append(
+            f"paired: per-request speedup over the baseline's run of the same request, median (p10-p90); by {ways}"
+        )
     return [
         Table(
             "",
@@ -136,6 +145,7 @@ def compare_json(c: Comparison, inputs: Sequence[str] = ()) -> dict[str, Any]:
                     "median": r.paired.median,
                     "p10": r.paired.p10,
                     "p90": r.paired.p90,
+                    "by": r.paired_by,
                 },
             }
             for r in c.rows

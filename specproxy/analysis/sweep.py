@@ -9,18 +9,16 @@ baseline's request of the same body (the n-th of that body, for repeats); the sp
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-
-import orjson
 
 from specproxy.analysis.acceptance import pool_acceptance
 from specproxy.analysis.aggregate import generates, group_records, is_ok, output_tok_s, request_tok_s, values
 from specproxy.analysis.compare import choose_baseline
 from specproxy.analysis.confidence import Interval, bootstrap_many, pooled_ratio, ratio_of_medians, speedup_verdict
 from specproxy.analysis.inflight import decode_in_flight
+from specproxy.analysis.pairing import body_key
 from specproxy.analysis.slo import Goodput, SloSpec, goodput
 from specproxy.core.record import Record
 from specproxy.core.stats import median
@@ -98,19 +96,19 @@ class SweepResult:
         return next((r for r in self.rows if (r.label, r.workload, r.level) == (label, workload, level)), None)
 
 
-def request_key(rec: Record, seen: dict[tuple[str, str], int]) -> str | None:
-    """The same request in another configuration's run: the workload, the body, and which repeat of that body."""
-    body = rec["request"]
-    if body is None:
+def request_key(rec: Record, seen: dict[str, int]) -> str | None:
+    """The same request in another configuration's run (:func:`specproxy.analysis.pairing.body_key`), and which
+    repeat of that body."""
+    key = body_key(rec)
+    if key is None:
         return None
-    digest = hashlib.blake2b(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=12).hexdigest()
-    n = seen.get((rec["workload"], digest), 0)
-    seen[(rec["workload"], digest)] = n + 1
-    return f"{rec['workload']}:{digest}:{n}"
+    n = seen.get(key, 0)
+    seen[key] = n + 1
+    return f"{key}:{n}"
 
 
 def _rates(records: Iterable[Record]) -> dict[str, float]:
-    seen: dict[tuple[str, str], int] = {}
+    seen: dict[str, int] = {}
     out: dict[str, float] = {}
     for r in sorted(records, key=lambda r: r["started_at"] or 0.0):
         key = request_key(r, seen)

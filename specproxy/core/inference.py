@@ -79,8 +79,12 @@ def is_inference(method: str, path: str) -> bool:
         return True
     last = segments[-1]
     two = "/".join(segments[-2:])
-    return last not in NOT_GENERATING and two not in NOT_GENERATING and not (
-        len(segments) >= 2 and segments[-2] == "blobs"  # Ollama's POST /api/blobs/:digest
+    return (
+        last not in NOT_GENERATING
+        and two not in NOT_GENERATING
+        and not (
+            len(segments) >= 2 and segments[-2] == "blobs"  # Ollama's POST /api/blobs/:digest
+        )
     )
 
 
