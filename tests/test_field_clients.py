@@ -72,8 +72,7 @@ async def _held_open_upstream(released: asyncio.Event) -> TestServer:
             await resp.write(b"data: " + orjson.dumps(e) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         try:
-            while request.transport is not None and not request.transport.is_closing():
-                await asyncio.sleep(0.01)  # polls the condition: the proxy let go of this connection
+            await asyncio.Event().wait()  # until the proxy lets go of the connection, which cancels this handler
         finally:
             released.set()
         return resp

@@ -150,7 +150,8 @@ async def test_odd_request_targets_reach_the_upstream_byte_for_byte(tmp_path: Pa
             # absolute form (RFC 9112 3.2.2): the scheme and authority go, the rest is kept as sent
             await raw_exchange(
                 px.url,
-                b"POST http://example.test/v1/%7e?x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                b"POST http://example.test/v1/%7e?x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                b"Connection: close\r\n\r\n",
             )
             own = await raw_exchange(px.url, b"GET /specproxy/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert b'"in_flight"' in own  # the own endpoint, at its exact path, is answered here
