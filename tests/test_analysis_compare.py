@@ -111,7 +111,7 @@ def test_compare_cli_markdown_and_json(tmp_path: Path) -> None:
     b = write_run(tmp_path / "n3.jsonl", spec_run("MTP-FP16-n3", 0.0125))
     code, md, err = invoke("compare", str(a), str(b), "--format", "md")
     assert code == 0, err
-    assert "| workload | configuration | tok/s | spread | speedup | acceptance |" in md
+    assert "| workload | configuration | tok/s | p10-p90 | speedup | acceptance |" in md  # the spread says its kind
     assert "| chat | Base-FP16 (baseline) | 100.0 |" in md
     assert "| chat | MTP-FP16-n3 | 160.0 | 160.0-160.0 | 1.60x | 100.0% |" in md
     code, out, _ = invoke("compare", str(a), str(b), "-f", "json", "--baseline", "MTP-FP16-n3")

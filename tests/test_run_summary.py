@@ -29,7 +29,8 @@ def test_output_rate_is_the_runs_and_shares_are_named_as_shares() -> None:
     assert f"output of the whole run: {80 / span:.1f} tok/s" in text
     # a: 40 of 80 tokens, b: 40 of 80: each half the run's rate, labelled as a share, not as a speed
     half = f"{40 / span:.1f}"
-    assert f"share of it (not its speed: that is decode tok/s): a {half}, b {half}" in text
+    own = "`report`'s output tok/s is over each workload's own span"
+    assert f"share of it (not its speed, which is decode tok/s; {own}): a {half}, b {half}" in text
     # the workload's own speed is far above its share: b decodes 39 tokens in 0.95 s
     (b,) = [w for w in s.workloads if w.get("workload") == "b"]
     assert b.figure("decode_tok_s_p50") == pytest.approx(39 / 0.95)

@@ -105,15 +105,16 @@ def report_tables(report: Report) -> list[Table]:
     lat_headers = [*(h for m in _LATENCY_TABLE for h in _header(spec, m, "")), "prompt cached"]
     notes: list[str] = [
         "output tok/s: the group's completion tokens over the span from its first request's start to its last one's "
-        "end; groups sent interleaved in one run share that span, so it is a share of the run's output, not a speed "
-        "(decode tok/s is)"
+        "end; groups sent interleaved in one run overlap in time, so it is not the group's speed (decode tok/s is) "
+        "and the groups' figures do not add up to the run's output (`specproxy run` prints that, with each "
+        "workload's share)"
     ]
     if spec.slo is not None:
         notes.append(f"SLO: {spec.slo.describe()}; goodput counts the requests that met it over the run's span")
     if not report.quantiles_exact:
         notes.append(sketch_note())
     if repeated:
-        notes.append(f"figures are medians over repeats (up to {repeated}); spread is min-max over repeats")
+        notes.append(f"figures are medians over repeats (up to {repeated}); min-max: of decode tok/s over repeats")
     approx = sum(n for g in report.groups for s, n in g.token_sources.items() if s in _APPROX_TOKENS)
     if approx:
         notes.append(f"{approx} requests have approximate or unknown token counts: tok/s figures are estimates")
@@ -134,7 +135,7 @@ def report_tables(report: Report) -> list[Table]:
                 "requests",
                 "errors",
                 "decode tok/s p50",
-                "spread",
+                "min-max",
                 "output tok/s",
                 *thr_extra,
             ),

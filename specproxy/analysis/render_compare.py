@@ -60,7 +60,11 @@ def compare_tables(c: Comparison) -> list[Table]:
     spread = {"repeats": "min-max over repeats", "requests": "p10-p90 over requests"}
     kinds = sorted({spread[r.spread_kind] for r in c.rows if r.spread_kind in spread})
     notes = [f"baseline: {c.baseline} ({c.baseline_reason})", *c.notes]
-    if kinds:
+    # the column says which spread it is; only a table that mixes both kinds needs the note to tell them apart
+    spread_header = kinds[0].split(" ", 1)[0] if len(kinds) == 1 else "spread"
+    if len(kinds) == 1:
+        notes.append(f"{spread_header}: of the configuration's decode tok/s {kinds[0].split(' ', 1)[1]}")
+    elif kinds:
         notes.append("spread: " + "; ".join(kinds))
     if any(r.speedup_ci for r in c.rows):
         notes.append(
@@ -85,7 +89,7 @@ def compare_tables(c: Comparison) -> list[Table]:
                 "configuration",
                 *(("engine",) if engines else ()),
                 name,
-                "spread",
+                spread_header,
                 "speedup",
                 "acceptance",
                 "mean acc. length",

@@ -84,7 +84,10 @@ def output_line(s: RunSummary) -> str | None:
     line += ", median over repeats)" if fig.n > 1 else ")"
     if len(s.tokens) > 1 and total > 0:
         shares = ", ".join(f"{w} {fig.value * t / total:.1f}" for w, t in s.tokens)
-        line += f"\n  each workload's share of it (not its speed: that is decode tok/s): {shares}"
+        line += (
+            f"\n  each workload's share of it (not its speed, which is decode tok/s; `report`'s output tok/s is over "
+            f"each workload's own span): {shares}"
+        )
     return line
 
 
