@@ -88,8 +88,9 @@ async def test_server_per_request_metrics_chosen(tmp_path: Path) -> None:
     assert isinstance(spec, dict)
     assert spec["source"] == "server"
     assert (spec["accepted"], spec["drafts"], spec["draft_tokens"]) == (13, 14, 42)
-    assert spec["per_position"] == [6, 4, 3]  # from per_step_accepted; equals the counters' per position
-    assert spec["estimates"]["counters"]["per_position"] == [6, 4, 3]
+    # from per_step_accepted; the counters' per position in metrics-ngram-*-per-request.txt moved by the same (a
+    # request with the engine's own figures waits for no closing scrape, so the record may not hold them)
+    assert spec["per_position"] == [6, 4, 3]
     assert spec["estimates"]["chunks"]["accepted"] == 13
     # the engine's own timing is kept beside the rate timed from chunks here (replayed 2 ms apart: not the engine's)
     assert rec["engine"] == "vllm" and rec["engine_timings"]["decode_tokens"] == 96

@@ -150,6 +150,12 @@ async def test_sglang_generate_meta_info(tmp_path: Path) -> None:
         recs = px.records()
         truths = [await _truth(s, sim.url, r["upstream_id"]) for r in recs]
         state = px.recorder.scraper.state
+        # the engine's own figures came with each request, so no closing scrape: status catches up once it is quiet
+        seen = state.ok
+        for _ in range(1000):
+            if state.ok > seen:
+                break
+            await asyncio.sleep(0.01)
         assert state.engine == "sglang" and state.running == 0 and state.waiting == 0
         # SGLang's gauge, over everything the simulator served: 1 + accepted / verify steps
         acc, steps = sum(t["counted_accepted"] for t in truths), sum(t["drafts"] for t in truths)

@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
         stream_interval: int = typer.Option(1, "--stream-interval", help="Engine steps per SSE chunk."),
         keepalive: float | None = typer.Option(None, "--keepalive", help="Seconds of silence before ': keep-alive'."),
         metrics_fault: str = typer.Option("none", "--metrics-fault", help="/metrics behaviour: none, fail, hang."),
+        metrics_render_ms: float = typer.Option(
+            0.0, "--metrics-render-ms", help="Each /metrics holds the server's loop this long, as vLLM's render does."
+        ),
         faults: str = typer.Option("", "--faults", help="Faults for every request, e.g. 'status=503,stall=2'."),
         speed: float = typer.Option(1.0, "--speed", help="Time compression: 10 runs ten times faster."),
         compute_s_per_token: float = typer.Option(
@@ -66,6 +69,7 @@ def register(app: typer.Typer) -> None:
             stream_interval=stream_interval,
             keepalive_s=keepalive,
             metrics_fault=metrics_fault,
+            metrics_render_ms=metrics_render_ms,
             request_faults=faults,
             speed=speed,
             compute_s_per_token=compute_s_per_token,

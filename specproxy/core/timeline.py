@@ -132,6 +132,11 @@ class ResponseTimeline:
         chunks are steps: llama.cpp and Ollama send one event per token, so a count per event says nothing of steps."""
         return self._engine not in PER_TOKEN_ENGINES and all(src in ("usage", "token_ids") for src in self._sources)
 
+    @property
+    def server_spec(self) -> dict[str, Any] | None:
+        """The engine's own speculative figures for this request, once they arrived (vLLM: on the final chunk)."""
+        return self._spec
+
     def reply_text(self) -> str | None:
         """The streamed reply's text when it was kept whole (``keep_text``) and is not empty, else None: what a
         conversation's next turn carries as the model's own earlier reply."""

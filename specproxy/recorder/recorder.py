@@ -100,12 +100,16 @@ class Recorder:
         self.in_flight += 1
         self.metrics.in_flight.inc()
         self.ledger.begin(meta.request_id, meta.workload)
-        self.scraper.kick()
+        scraper = self.scraper
+        scraper.kick()
+        if scraper.enabled:
+            scraper.prefill_started()  # no scrape starts on the engine until this request has its first token
         return Trace(
             meta,
             tokenizer=self.tokenizer,
             keep_text=keep_text or self.config.capture == "full" or self.server_tokenizer is not None,
-            ledger=self.ledger if self.scraper.enabled else None,
+            ledger=self.ledger if scraper.enabled else None,
+            on_first_token=scraper.prefill_ended if scraper.enabled else None,
         )
 
     def refused(self, status: int) -> None:
@@ -123,6 +127,7 @@ class Recorder:
         if trace.passthrough:
             self._passed(trace, outcome)
             return
+        trace.prefill_over()  # one that ended without a token holds no scrape back any more
         end_ns = time.perf_counter_ns() if end_ns is None else end_ns
         self.in_flight -= 1
         self.metrics.in_flight.dec()
@@ -144,7 +149,9 @@ class Recorder:
     async def _finalize(self, trace: Trace, outcome: str, error: str | None, end_ns: int) -> None:
         rid = trace.meta.request_id
         try:
-            if self.scraper.enabled and trace.token_chunks > 1:
+            own = trace.timeline is not None and trace.timeline.server_spec is not None
+            self.scraper.request_figures(own)
+            if self.scraper.enabled and trace.token_chunks > 1 and not own:
                 # wait for the scrapes that cover every chunk of this request (a delta whose chunks were still
                 # on their way is settled by the next scrape)
                 deadline, give_up = time.monotonic() + self.config.finalize_wait_s, self.config.scrape_failures_wait
@@ -369,6 +376,8 @@ class Recorder:
                 "name": self.engine.of(None, sc.engine),  # --engine, or what auto-detection found
                 "acceptance_length_gauge": sc.accept_length_gauge,
                 "scrapes_ok": sc.ok,
+                "scrapes_deferred": self.scraper.deferred,  # held back until a request in prefill got its first token
+                "per_request_figures": self.scraper.per_request_figures,  # the engine's own: scraped seldom
                 "scrape_errors": sc.errors,
                 "counter_resets": sc.resets,
                 "last_error": sc.last_error,

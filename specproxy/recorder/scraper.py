@@ -7,6 +7,22 @@ bounded (at most 10 a second) whatever the request rate: it matters, since the e
 /metrics text for each. What one scrape reads is bounded too (:data:`MAX_METRICS_BYTES`), and only the families the
 recorder uses are parsed. Each scrape's delta settles the chunks that the engine counted in it (see
 specproxy/attribution/ledger.py).
+
+A scrape is work for the engine's API server, the process that also takes new requests and streams tokens (vLLM
+renders ``/metrics`` on its event loop), so measuring must not land on what is measured:
+
+- **Not during a prefill.** A scrape does not start while a request is between its arrival and its first token
+  (:meth:`Scraper.prefill_started` / :meth:`Scraper.prefill_ended`), for at most :data:`MAX_DEFER_S`: at
+  concurrency 1 the end-of-request scrape used to meet the next request as it arrived and added the render to its
+  TTFT; deferred, it lands between two decode steps instead. Intervals are cut by chunk times, so a later scrape
+  shares its delta as exactly as an earlier one.
+- **Seldom where the engine gives the figures itself.** Once the last :data:`PER_REQUEST_RUN` requests all carried
+  the engine's own per-request speculative figures (vLLM's ``metrics.speculative_decoding``), the counters are not
+  needed to attribute: the periodic scrape slows to :data:`SLOW_INTERVAL_S` (for status and the engine's totals)
+  and a finished request asks for no closing scrape. One request without them brings the usual pace back.
+- **Status brought up to date when the engine is quiet**: once no request has been in flight for :data:`QUIET_S`,
+  one scrape reads what the last requests left (queue gauges, totals), not sooner, so that it does not meet the next
+  request of a closed loop.
 """
 
 from __future__ import annotations
@@ -41,6 +57,10 @@ log = logging.getLogger("specproxy.scraper")
 # the scrape fails (counted, logged once) and attribution falls back, instead of the recorder parsing megabytes.
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 INLINE_PARSE_BYTES = 256 * 1024  # larger texts are filtered and parsed in a worker thread
+MAX_DEFER_S = 1.0  # the longest a scrape waits for the requests in prefill to get their first token
+PER_REQUEST_RUN = 3  # requests in a row with the engine's own figures before the counters are scraped seldom
+SLOW_INTERVAL_S = 10.0  # the periodic scrape then
+QUIET_S = 0.5  # after the last request ends, the engine quiet this long: one scrape brings status up to date
 
 
 @dataclass(slots=True)
@@ -105,6 +125,12 @@ class Scraper:
         self._spec = SpecCounts()
         self._gen_tokens = 0.0
         self._read_bytes = 0.0
+        self._prefilling = 0
+        self._no_prefill = asyncio.Event()  # set while no request waits for its first token
+        self._no_prefill.set()
+        self._own_figures = 0  # requests in a row that carried the engine's own per-request figures
+        self.deferred = 0  # scrapes that waited for a prefill to end
+        self._stale = False  # a request ended after the last scrape started: status is behind the engine
 
     @property
     def enabled(self) -> bool:
@@ -131,6 +157,28 @@ class Scraper:
         self._active.set()
         return fut
 
+    @property
+    def per_request_figures(self) -> bool:
+        """Whether the engine gives each request's speculative figures itself (the last requests all had them)."""
+        return self._own_figures >= PER_REQUEST_RUN
+
+    def request_figures(self, own: bool) -> None:
+        """A request finished, with (``own``) or without the engine's own speculative figures."""
+        self._own_figures = self._own_figures + 1 if own else 0
+        self._stale = True
+        if self.enabled:
+            self._active.set()  # an idle loop starts counting the quiet time from here
+
+    def prefill_started(self) -> None:
+        self._prefilling += 1
+        self._no_prefill.clear()
+
+    def prefill_ended(self) -> None:
+        """A request got its first token, or ended without one."""
+        self._prefilling = max(0, self._prefilling - 1)
+        if not self._prefilling:
+            self._no_prefill.set()
+
     def kick(self) -> None:
         """A request started: make sure the periodic loop runs. No scrape now: intervals are cut by the engine's
         step count, so a request needs no scrape of its own at its start, and a scrape costs the engine's API
@@ -140,19 +188,36 @@ class Scraper:
 
     async def _run(self) -> None:
         while not self._closed:
+            quiet = False
             if not self._waiters and self._in_flight() == 0 and not self._wake.is_set():
                 self._active.clear()
-                await self._active.wait()  # idle until a request starts or asks for a scrape
-            if not self._wake.is_set():
+                if self._stale:  # requests ended since the last scrape: one more once the engine is quiet
+                    try:
+                        await asyncio.wait_for(self._active.wait(), QUIET_S)
+                        continue  # traffic again before the quiet scrape: the usual pace
+                    except TimeoutError:
+                        quiet = True
+                else:
+                    await self._active.wait()  # idle until a request starts, asks for a scrape or ends
+                    continue
+            if not self._wake.is_set() and not quiet:
+                interval = SLOW_INTERVAL_S if self.per_request_figures else self.interval_s
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                    await asyncio.wait_for(self._wake.wait(), interval)
             self._wake.clear()
             if self._closed:
                 break
             gap = self._last_start + self.min_gap_s - time.monotonic()
             if gap > 0:  # back-to-back end-of-request scrapes: keep a floor between them
                 await asyncio.sleep(gap)
+            if not self._no_prefill.is_set() and self._last is not None:  # the baseline is taken at once
+                self.deferred += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._no_prefill.wait(), MAX_DEFER_S)
+                if self._closed:
+                    break
             self._last_start = time.monotonic()
+            self._stale = False
             waiters, self._waiters = self._waiters, []
             ok = False
             try:
@@ -193,7 +258,6 @@ class Scraper:
         returned_ns = time.perf_counter_ns()
         boundary_ns = (issued_ns + returned_ns) // 2
         slack_ns = max(50_000_000, returned_ns - issued_ns)
-        self.state.ok += 1
         self.state.failing = 0
         self.state.last_error = None
         if self._last is None:
@@ -219,6 +283,7 @@ class Scraper:
             self.state.accept_length_gauge = gauge(snap, "sglang:spec_accept_length")
             self.state.accept_rate_gauge = gauge(snap, "sglang:spec_accept_rate")
         self._last = snap
+        self.state.ok += 1  # last: a reader that sees the count move sees everything this scrape read
         return True
 
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:

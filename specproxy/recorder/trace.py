@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ class Trace:
     __slots__ = (
         "_keep_text",
         "_ledger",
+        "_on_first_token",
         "_token_chunks",
         "_tokenizer",
         "flags",
@@ -62,12 +64,14 @@ class Trace:
         keep_text: bool,
         ledger: CounterLedger | None,
         passthrough: bool = False,
+        on_first_token: Callable[[], None] | None = None,
     ) -> None:
         self.meta = meta
         self.passthrough = passthrough  # not inference (core.inference): relayed and counted, never read or recorded
         self._tokenizer = tokenizer
         self._keep_text = keep_text
         self._ledger = ledger  # None when the engine's counters are not scraped
+        self._on_first_token = on_first_token  # called once: at the first token, or at the end when none came
         self.status: int | None = None
         self.headers_ns: int | None = None
         self.timeline: ResponseTimeline | None = None
@@ -110,6 +114,8 @@ class Trace:
             return
         ledger = self._ledger
         exact = tl.exact_counts
+        if self._on_first_token is not None and self._token_chunks == 0:
+            self.prefill_over()
         for _, n in chunks[before:]:
             if n <= 0:
                 continue
@@ -117,6 +123,12 @@ class Trace:
             if ledger is not None:
                 # the first token-bearing chunk is the prefill step: tokens, but no speculative step
                 ledger.record_chunk(self.meta.request_id, n, t_ns, exact=exact, decode=self._token_chunks > 1)
+
+    def prefill_over(self) -> None:
+        """The request's first token arrived (or it ended): tell whoever waits for that, once."""
+        done, self._on_first_token = self._on_first_token, None
+        if done is not None:
+            done()
 
     def add_overhead(self, ns: int) -> None:
         self.overhead_ns += ns

@@ -106,6 +106,8 @@ class SimConfig:
     keepalive_s: send `: keep-alive` SSE comments after this many seconds of silence (None = never).
     metrics_fault: "none" | "fail" (GET /metrics answers 500) | "hang" (never answers); switchable at run
         time with POST /sim/faults.
+    metrics_render_ms: each GET /metrics holds the server's event loop this long, as vLLM's API server renders its
+        text on the loop that also takes requests and streams tokens (0: free). For measuring what scraping costs.
     request_faults: fault spec applied to every inference request unless it sends its own X-Sim-Fault header,
         same syntax: "status=503", "stall=2", "reset_after=5", "error_event_after=3", comma-separated.
     speed: divides every step time (and so every latency); 10 runs ten times faster than the model says.
@@ -139,6 +141,7 @@ class SimConfig:
     stream_interval: int = 1
     keepalive_s: float | None = None
     metrics_fault: str = "none"
+    metrics_render_ms: float = 0.0
     request_faults: str = ""
     speed: float = 1.0
     model_bytes: int = 4_000_000_000
@@ -178,6 +181,8 @@ class SimConfig:
             raise ValueError(f"port must be between 0 and 65535, got {self.port}")
         if not self.served_model_name:
             raise ValueError("served_model_name must not be empty")
+        if not 0 <= self.metrics_render_ms <= 10_000:
+            raise ValueError(f"metrics_render_ms must be between 0 and 10000, got {self.metrics_render_ms}")
         positive_ints = {
             "engines": self.engines,
             "max_num_seqs": self.max_num_seqs,

@@ -252,6 +252,8 @@ async def _metrics(request: web.Request) -> web.Response:
         await rt.closing.wait()  # until the client gives up (handler cancelled) or the server stops
         return web.Response(status=503)
     body = rt.metrics.render() if rt.cfg.dialect == "vllm" else render_as(rt.cfg.dialect, rt.metrics.registry, rt.cfg.k)
+    if rt.cfg.metrics_render_ms:  # the loop is held, as a render on the engine's API server holds its loop
+        time.sleep(rt.cfg.metrics_render_ms / 1000)  # noqa: ASYNC251 (blocking is the point)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 

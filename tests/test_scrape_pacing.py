@@ -1,0 +1,127 @@
+"""Scrapes stay off what they measure (recorder/scraper.py): none lands while a request waits for its first token,
+none is asked for where the engine gives each request's figures itself, and status catches up once the engine is
+quiet. Real sockets, an aiohttp engine that notes when each /metrics arrives."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import orjson
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.proxyutil import running_proxy
+from tests.simutil import running_sim
+
+METRICS = (Path(__file__).parent / "data" / "metrics-ngram-before-code.txt").read_text()
+
+
+class Engine:
+    """Streams after a prefill that lasts until ``prefill_done`` is set; notes each /metrics arrival."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []  # "metrics", "arrived", "first_token", in the order the engine saw them
+        self.arrived = asyncio.Event()
+        self.prefill_done = asyncio.Event()
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.events.append("arrived")
+        self.arrived.set()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await self.prefill_done.wait()
+        self.events.append("first_token")
+        for word in ("Hello", " there", " friend"):
+            chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": word}}]}
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        self.events.append("metrics")
+        return web.Response(text=METRICS, content_type="text/plain")
+
+
+async def test_no_scrape_lands_while_a_request_waits_for_its_first_token(tmp_path: Path) -> None:
+    engine = Engine()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", engine.chat)
+    app.router.add_get("/metrics", engine.metrics)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        async with running_proxy(url, tmp_path, rec_scrape_interval_s=0.05) as px, aiohttp.ClientSession() as s:
+            scraper = px.recorder.scraper
+            for _ in range(500):  # the baseline scrape
+                if scraper.state.ok:
+                    break
+                await asyncio.sleep(0.01)
+            post = asyncio.create_task(
+                s.post(px.url + "/v1/chat/completions", json={"model": "m", "messages": [], "stream": True})
+            )
+            await engine.arrived.wait()
+            # the periodic scrape is due every 50 ms while a request is in flight: wait until one is held back
+            for _ in range(500):
+                if scraper.deferred:
+                    break
+                await asyncio.sleep(0.01)
+            engine.prefill_done.set()
+            resp = await post
+            await resp.read()
+            await px.flush()
+            for _ in range(500):  # the held-back scrape goes out once the first token is through
+                if engine.events.count("metrics") >= 2:
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        await server.close()
+    assert scraper.deferred >= 1
+    first = engine.events.index("arrived")
+    token = engine.events.index("first_token")
+    assert "metrics" not in engine.events[first:token], engine.events
+    assert "metrics" in engine.events[token:], engine.events
+
+
+async def test_engine_figures_mean_no_closing_scrapes_and_status_catches_up(tmp_path: Path) -> None:
+    """With vLLM's per-request figures on every response the counters are not needed to attribute: fewer scrapes
+    than the same requests without them, and the status still ends up current."""
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "def f(x):"}],
+        "max_tokens": 24,
+        "stream_options": {"include_usage": True},  # vLLM sends its per-request figures on the usage chunk
+    }
+    counts = {}
+    for detail in (None, "detailed"):
+        (tmp_path / str(detail)).mkdir()
+        async with (
+            running_sim(speed=20.0, per_request_spec_metrics=detail) as sim,
+            running_proxy(sim.url, tmp_path / str(detail), rec_calibration_hold_s=0.0) as px,
+            aiohttp.ClientSession() as s,
+        ):
+            scraper = px.recorder.scraper
+            for _ in range(500):
+                if scraper.state.ok:
+                    break
+                await asyncio.sleep(0.01)
+            for _ in range(8):
+                async with s.post(px.url + "/v1/chat/completions", json={**body, "stream": True}) as r:
+                    await r.read()
+            await px.flush()
+            counts[detail] = scraper.state.ok
+            assert scraper.per_request_figures == (detail is not None)
+            recs = px.records()
+            assert len(recs) == 8 and all((r["spec"]["source"] == "server") == bool(detail) for r in recs)
+            if detail:  # no closing scrapes: once the engine is quiet, one brings its totals into the status
+                total = sum(r["spec"]["accepted"] for r in recs)
+                for _ in range(1000):
+                    if px.recorder.status()["engine"]["accepted"] == total:
+                        break
+                    await asyncio.sleep(0.01)
+                assert px.recorder.status()["engine"]["accepted"] == total
+                assert px.recorder.status()["engine"]["per_request_figures"] is True
+    assert counts["detailed"] < counts[None], counts
