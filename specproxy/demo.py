@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specproxy.analysis import render_advise, render_compare
 from specproxy.analysis.advise import Advice, build_advice
+from specproxy.analysis.advise_measured import measured_rows, with_measurements
 from specproxy.analysis.compare import Comparison, build_comparison
 from specproxy.analysis.tables import render_text
 from specproxy.core.record import Record, read_records
@@ -98,7 +99,7 @@ async def run_demo(cfg: DemoConfig) -> DemoResult:
     base = [r for r in records if r["label"] == "Base"]
     spec = [r for r in records if r["label"] != "Base"]
     comparison = build_comparison(records, "Base")
-    advice = build_advice(spec, base)
+    advice = with_measurements(build_advice(spec, base), measured_rows(spec, base))
     elapsed = time.monotonic() - t0
     parts = [
         "specproxy demo: a simulated 2B model (roofline step cost, MTP acceptance by workload) served four ways,",

@@ -19,7 +19,11 @@ from specproxy.analysis.advise import (
     fit_cost,
     predict,
     recommend,
+    step_points,
 )
+from specproxy.analysis.advise_measured import measured_rows, with_measurements
+from specproxy.analysis.render_advise import advise_json, advise_tables
+from specproxy.analysis.tables import render_text
 from specproxy.commands.analysis import register
 from specproxy.core.record import Record
 from tests.analysisutil import accepted_from_profile, baseline_records, make_record, profile_records, write_run
@@ -176,3 +180,50 @@ def test_advise_bad_input(tmp_path: Path, args: list[str], message: str) -> None
     code, out, err = invoke("advise", str(spec), *args)
     assert code == 2 and out == ""
     assert message in err and err.count("\n") == 1
+
+
+def test_step_times_come_from_the_engine_figures_when_chunks_merge() -> None:
+    """On a busy host two steps' events arrive in one read: the chunk gaps alternate 0 and two steps, and their
+    median says nothing of the step. The step time from decode tok/s and the drafts accepted does not move."""
+    runs = profile_records(CODE, 3, workload="code", steps_per_request=60)
+    base = baseline_records(step_s=0.01, steps=60)
+    for rec in [*runs, *base]:
+        chunks = rec["chunks"]
+        rec["chunks"] = [(chunks[i - 1][0] if i % 2 == 0 and i > 1 else t, n) for i, (t, n) in enumerate(chunks)]
+    assert step_points(base) == [(0, pytest.approx(0.01))]
+    advice = build_advice(runs, base)
+    assert advice.cost.source == "fitted"
+    assert advice.cost.base_step_s == pytest.approx(0.01)
+    assert advice.cost.draft_cost == pytest.approx(0.2)
+
+
+def test_the_advice_defers_to_a_measured_k_it_contradicts() -> None:
+    """A run at k = 3 measured no faster than the baseline; a prediction on a wrong draft cost says 2x. The
+    measurement stands: the row says the prediction is off, and nothing measured faster gets recommended."""
+    runs = profile_records(CODE, 3, workload="code", steps_per_request=60, step_s=0.0283)  # 2.83 tokens a step
+    base = baseline_records(step_s=0.01, steps=60, workload="code")
+    advice = build_advice(runs, base, draft_cost=0.05)
+    (w,) = advice.workloads
+    assert w.recommended_k is not None and w.recommended_k >= 3  # what the model alone says
+    rows = measured_rows(runs, base)
+    held = with_measurements(advice, rows)
+    (w,) = held.workloads
+    m = w.measured_at(3)
+    assert m is not None and not m.agrees and m.verdict != "faster"
+    assert w.recommended_k == 0 and w.recommended_from == "measurement"
+    assert any("k = 3: predicted" in n and "the measurement stands" in n for n in w.notes)
+    text = render_text(advise_tables(held))
+    assert "(prediction off)" in text and "recommended k = 0 (don't speculate), from the measured runs" in text
+    doc = advise_json(held)
+    (pred3,) = [p for p in doc["workloads"][0]["predictions"] if p["k"] == 3]
+    assert pred3["measured"]["agrees"] is False and doc["workloads"][0]["recommended_from"] == "measurement"
+
+
+def test_a_prediction_the_measurement_bears_out_keeps_the_model() -> None:
+    runs = profile_records(CODE, 3, workload="code", steps_per_request=60)
+    base = baseline_records(step_s=0.01, steps=60, workload="code")
+    held = with_measurements(build_advice(runs, base), measured_rows(runs, base))
+    (w,) = held.workloads
+    m = w.measured_at(3)
+    assert m is not None and m.agrees and m.verdict == "faster"
+    assert w.recommended_from == "prediction" and w.recommended_k == 3

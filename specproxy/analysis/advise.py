@@ -6,9 +6,13 @@ where c is the cost of one draft token as a fraction of a plain decode step (dra
 predicted speedup over no speculation is E(k) / (1 + c * k); the recommended k is the smallest within 1% of the best
 (a draft that buys less than 1% is not worth its cost under load), or 0 ("don't speculate") if nothing beats 1.0.
 
-c comes from ``--draft-cost``, else is fitted from the median inter-step gaps of runs with different k (a run
-without speculation counts as k = 0), else defaults to :data:`DEFAULT_DRAFT_COST`. Inter-step gaps depend on batch
-size, so only runs at the same concurrency should be fitted together. Pure: records in, advice out.
+c comes from ``--draft-cost``, else is fitted from the median step time of runs with different k (a run without
+speculation counts as k = 0), else defaults to :data:`DEFAULT_DRAFT_COST`. A request's step time is what the engine
+says (:func:`timed_step_s`): its decode span over its steps, the steps counted as decode tokens minus accepted
+drafts (each step brings one token plus the drafts it accepted), from the counters or the engine's own figures.
+Chunk gaps are the fallback: on a busy host two steps' events can arrive in one read and halve the median gap.
+Step times depend on batch size, so only runs at the same concurrency should be fitted together. Pure: records in,
+advice out.
 """
 
 from __future__ import annotations
@@ -63,6 +67,17 @@ class KPrediction:
 
 
 @dataclass(frozen=True, slots=True)
+class MeasuredK:
+    """A k that was run and measured against the baseline (advise_measured.with_measurements)."""
+
+    k: int
+    speedup: float
+    speedup_ci: Interval | None
+    verdict: str
+    agrees: bool  # the prediction for this k lies within the measurement's interval
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadAdvice:
     workload: str
     requests: int
@@ -75,6 +90,11 @@ class WorkloadAdvice:
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
     acceptance_ci: Interval | None = None
+    measured: tuple[MeasuredK, ...] = ()
+    recommended_from: str = "prediction"  # or "measurement": the model disagreed with a measured k
+
+    def measured_at(self, k: int) -> MeasuredK | None:
+        return next((m for m in self.measured if m.k == k), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +116,39 @@ def k_of(acc: Acceptance) -> int:
     return 0
 
 
+def timed_step_s(rec: Record) -> float | None:
+    """The record's mean decode step time as the engine's figures give it: the time from its first token to its last
+    (``(n - 1) / decode_tok_s``) over its decode steps (``n - 1`` tokens less the drafts accepted; a request with no
+    spec block accepted none). None for a record whose figures do not allow it (not ok, fewer than 3 tokens, or
+    speculation on with no acceptance figure)."""
+    n, rate = rec["completion_tokens"], rec["decode_tok_s"]
+    if not is_ok(rec) or n is None or n < 3 or not rate or rate <= 0:
+        return None
+    spec = rec["spec"]
+    accepted = 0.0
+    if spec is not None:
+        if spec["source"] is None or spec["accepted"] is None:
+            return None
+        accepted = spec["accepted"]
+    steps = (n - 1) - accepted
+    return (n - 1) / rate / steps if steps >= 1 else None
+
+
+def step_time(records: Sequence[Record]) -> float | None:
+    """A configuration's median step time: timed (:func:`timed_step_s`) where most of its records allow it, else
+    the median inter-step gap of their chunks."""
+    timed = [t for r in records if (t := timed_step_s(r)) is not None]
+    if timed and 2 * len(timed) >= sum(1 for r in records if is_ok(r)):
+        return median(timed)
+    steps, _ = gaps(r for r in records if is_ok(r))
+    return median(steps)
+
+
 def step_points(records: Iterable[Record]) -> list[tuple[int, float]]:
-    """(k, median inter-step gap) per label: the data a cost fit needs."""
+    """(k, median step time) per label: the data a cost fit needs."""
     out: list[tuple[int, float]] = []
     for _, recs in group_records(records, ("label",)).items():
-        steps, _ = gaps(r for r in recs if is_ok(r))
-        m = median(steps)
+        m = step_time(recs)
         if m is not None and m > 0:
             out.append((config_k(recs), m))
     return out

@@ -19,6 +19,7 @@ from specproxy.analysis.advise import (
     advise_from,
     cost_model,
     k_of,
+    timed_step_s,
 )
 from specproxy.analysis.aggregate import generates, is_ok, key_value
 from specproxy.analysis.confidence import MAX_SAMPLES
@@ -33,8 +34,16 @@ MAX_DETAIL_RECORDS = 50_000
 
 @dataclass
 class _Label:
-    steps: Quantiles = field(default_factory=Quantiles)
+    steps: Quantiles = field(default_factory=Quantiles)  # inter-step gaps of chunks
+    timed: Quantiles = field(default_factory=Quantiles)  # step times from the engine's figures (advise.timed_step_s)
+    ok: int = 0
     pool: AcceptancePool = field(default_factory=AcceptancePool)
+
+    def step_s(self) -> float | None:
+        """As :func:`specproxy.analysis.advise.step_time`: timed where most records allow it, else chunk gaps."""
+        if len(self.timed) and 2 * len(self.timed) >= self.ok:
+            return self.timed.percentile(50.0)
+        return self.steps.percentile(50.0)
 
     def gap_targets(self) -> tuple[Quantiles, Quantiles | None]:
         return self.steps, None
@@ -92,6 +101,9 @@ class AdviseInput:
         else:
             self.details_dropped += 1
         if is_ok(rec):
+            lab.ok += 1
+            if (t := timed_step_s(rec)) is not None:
+                lab.timed.add(t)
             batch.add(item.seg, [lab])
 
     def _sample(self, wl: _Workload, rec: Record) -> None:
@@ -106,11 +118,11 @@ class AdviseInput:
                 wl.sample[j] = light
 
     def points(self) -> list[tuple[int, float]]:
-        """(k, median inter-step gap) per configuration; a baseline run is k = 0 whatever its records say."""
+        """(k, median step time) per configuration; a baseline run is k = 0 whatever its records say."""
         out: list[tuple[int, float]] = []
         for labels, is_base in ((self.labels, False), (self.baseline, True)):
             for lab in labels.values():
-                m = lab.steps.percentile(50.0)
+                m = lab.step_s()
                 if m is not None and m > 0:
                     out.append((0 if is_base else k_of(lab.pool.result()), m))
         return out

@@ -1,15 +1,15 @@
 """What ``advise`` measured, beside what it predicts: per workload and configuration (and sweep level, when the
 records come from a sweep), the decode tok/s, the measured speedup over the baseline run with its 95% interval
 (paired by request where the runs sent the same requests), acceptance with its interval, and, with an SLO, the share
-of requests meeting it and goodput. Pure."""
+of requests meeting it and goodput; and the advice held to those measurements (:func:`with_measurements`). Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specproxy.analysis.acceptance import pool_acceptance
-from specproxy.analysis.advise import acceptance_ci, config_k
+from specproxy.analysis.advise import TOLERANCE, Advice, MeasuredK, WorkloadAdvice, acceptance_ci, config_k
 from specproxy.analysis.aggregate import generates, is_ok, request_tok_s, values
 from specproxy.analysis.compare import choose_baseline
 from specproxy.analysis.confidence import Interval, speedup_verdict
@@ -95,3 +95,63 @@ def measured_rows(
             )
         )
     return tuple(rows)
+
+
+def with_measurements(advice: Advice, rows: Sequence[MeasuredRow]) -> Advice:
+    """The advice with each workload's measured k beside its prediction, and the recommendation held to them.
+
+    Where a k was run, its measured speedup is what it gives. Where a prediction's 95% interval does not meet a
+    measured k's, the model is off for that workload (its step cost, or acceptance that the runs did not share): the
+    note says so, and the recommendation comes from the measured configurations alone, the smallest k whose
+    measured speedup is distinguishably faster and within :data:`TOLERANCE` of the best such, or 0 when none is.
+    Where every prediction agrees, the recommendation weighs the measured speedups in place of the predicted ones.
+    Sweep levels are left out: a prediction is for one load, and the rows of a sweep are several."""
+    return replace(advice, workloads=tuple(_held(w, rows) for w in advice.workloads))
+
+
+def _overlap(guess: float, guess_ci: Interval | None, ci: Interval) -> bool:
+    """Whether a prediction agrees with a measurement: their intervals overlap (the point, without its own)."""
+    lo, hi = (guess, guess) if guess_ci is None else (guess_ci.lo, guess_ci.hi)
+    return lo <= ci.hi and ci.lo <= hi
+
+
+def _held(w: WorkloadAdvice, rows: Sequence[MeasuredRow]) -> WorkloadAdvice:
+    runs = {
+        r.k: r
+        for r in rows
+        if r.workload == w.workload and not r.is_baseline and not r.level and r.speedup is not None and r.k > 0
+    }
+    plain_baseline = any(r.workload == w.workload and r.is_baseline and r.k == 0 and not r.level for r in rows)
+    if not runs or not w.predictions or not plain_baseline:  # predictions are over no speculation: so must it be
+        return w
+    predicted = {p.k: p.speedup for p in w.predictions}
+    guess_ci = {p.k: p.speedup_ci for p in w.predictions}
+    measured: list[MeasuredK] = []
+    notes = list(w.notes)
+    for k, r in sorted(runs.items()):
+        assert r.speedup is not None
+        ci = r.speedup_ci
+        guess = predicted.get(k)
+        agrees = guess is None or ci is None or _overlap(guess, guess_ci.get(k), ci)
+        measured.append(MeasuredK(k, r.speedup, ci, r.verdict, agrees))
+        if not agrees and ci is not None and guess is not None:
+            notes.append(
+                f"k = {k}: predicted {guess:.2f}x, measured {r.speedup:.2f}x [95% CI {ci.lo:.2f}-{ci.hi:.2f}x]: "
+                "the prediction is off, the measurement stands"
+            )
+    if all(m.agrees for m in measured):
+        speedups = {**predicted, **{m.k: m.speedup for m in measured}}
+        best = max(speedups.values())
+        rec = 0 if best <= 1.0 else min(k for k, v in speedups.items() if v >= best * (1.0 - TOLERANCE))
+        return replace(w, measured=tuple(measured), recommended_k=rec, notes=tuple(notes))
+    faster = [m for m in measured if m.verdict == "faster"]
+    if faster:
+        best = max(m.speedup for m in faster)
+        rec = min(m.k for m in faster if m.speedup >= best * (1.0 - TOLERANCE))
+        notes.append(f"recommended from the measured configurations alone: k = {rec} was measured {best:.2f}x")
+    else:
+        rec = 0
+        notes.append(
+            "recommended from the measured configurations alone: none was distinguishably faster than the baseline"
+        )
+    return replace(w, measured=tuple(measured), recommended_k=rec, notes=tuple(notes), recommended_from="measurement")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specproxy.analysis.advise import Advice
+from specproxy.analysis.advise import Advice, MeasuredK
 from specproxy.analysis.advise_measured import MeasuredRow
 from specproxy.analysis.batchcost import BatchAdvice
 from specproxy.analysis.render import JSON_VERSION
@@ -18,7 +18,7 @@ def cost_text(a: Advice) -> str:
     c = a.cost
     how = {
         "given": "given",
-        "fitted": "fitted from inter-step gaps at k=" + ",".join(str(k) for k, _ in c.points),
+        "fitted": "fitted from step times at k=" + ",".join(str(k) for k, _ in c.points),
         "default": "assumed default; pass --draft-cost or --baseline-run to measure it",
         "lowest load": "measured at the lowest load the records cover: the predictions below hold there; at other "
         "loads see the cost and k per range of requests in flight at the end",
@@ -27,9 +27,16 @@ def cost_text(a: Advice) -> str:
     return f"cost model: one draft token costs {c.draft_cost:.3f} of a base step ({how}); {base}"
 
 
+def _measured_cell(m: MeasuredK | None) -> str:
+    if m is None:
+        return "-"
+    return f"{fmt_x(m.speedup)} [{ci_x(m.speedup_ci)}] {m.verdict}" + ("" if m.agrees else " (prediction off)")
+
+
 def advise_tables(a: Advice) -> list[Table]:
     tables: list[Table] = []
     for w in a.workloads:
+        measured = bool(w.measured)
         rows = tuple(
             (
                 ("* " if p.k == w.recommended_k else "") + str(p.k) + (" (extrapolated)" if p.extrapolated else ""),
@@ -39,6 +46,7 @@ def advise_tables(a: Advice) -> list[Table]:
                 ci_x(p.speedup_ci),
                 p.verdict,
                 fmt(p.tok_s),
+                *((_measured_cell(w.measured_at(p.k)),) if measured else ()),
             )
             for p in w.predictions
         )
@@ -47,6 +55,8 @@ def advise_tables(a: Advice) -> list[Table]:
             if w.recommended_k is None
             else ("0 (don't speculate)" if w.recommended_k == 0 else str(w.recommended_k))
         )
+        if w.recommended_from == "measurement":
+            rec += ", from the measured runs"
         title = (
             f"{w.workload}: recommended k = {rec} (measured k {w.measured_k or '-'}, acceptance "
             f"{fmt_pct(w.acceptance_rate)} [95% CI {ci_pct(w.acceptance_ci)}], conditional per position "
@@ -56,9 +66,10 @@ def advise_tables(a: Advice) -> list[Table]:
         tables.append(
             Table(
                 title,
-                ("k", "tokens/step", "step cost", "speedup", "95% CI", "verdict", "tok/s"),
+                ("k", "tokens/step", "step cost", "speedup", "95% CI", "verdict", "tok/s")
+                + (("measured speedup",) if measured else ()),
                 rows,
-                ("l", "r", "r", "r", "r", "l", "r"),
+                ("l", "r", "r", "r", "r", "l", "r") + (("l",) if measured else ()),
                 notes,
             )
         )
@@ -87,6 +98,7 @@ def advise_json(a: Advice, inputs: Sequence[str] = ()) -> dict[str, Any]:
                 "acceptance_ci": ci_json(w.acceptance_ci),
                 "conditional_acceptance": list(w.conditional),
                 "recommended_k": w.recommended_k,
+                "recommended_from": w.recommended_from,
                 "predictions": [
                     {
                         "k": p.k,
@@ -97,6 +109,14 @@ def advise_json(a: Advice, inputs: Sequence[str] = ()) -> dict[str, Any]:
                         "verdict": p.verdict,
                         "tok_s": p.tok_s,
                         "extrapolated": p.extrapolated,
+                        "measured": None
+                        if (m := w.measured_at(p.k)) is None
+                        else {
+                            "speedup": m.speedup,
+                            "speedup_ci": ci_json(m.speedup_ci),
+                            "verdict": m.verdict,
+                            "agrees": m.agrees,
+                        },
                     }
                     for p in w.predictions
                 ],

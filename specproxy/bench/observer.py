@@ -77,7 +77,9 @@ async def _one(s: aiohttp.ClientSession, url: str, body: dict[str, Any], side: S
         side.failed += 1
 
 
-async def _wave(url: str, model: str, concurrency: int, requests: int, max_tokens: int, start: int, side: Side) -> None:
+async def _wave(
+    url: str, model: str, concurrency: int, requests: int, max_tokens: int, start: int, side: Side, usage: bool
+) -> None:
     """``requests`` requests in a closed loop of ``concurrency``; request i sends prompt ``start + i``."""
     todo = iter(range(requests))
 
@@ -90,6 +92,8 @@ async def _wave(url: str, model: str, concurrency: int, requests: int, max_token
                 "temperature": 0,
                 "stream": True,
             }
+            if usage:  # as aiperf and the openai SDK ask: vLLM then sends its per-request figures at the end
+                body["stream_options"] = {"include_usage": True}
             await _one(s, url, body, side)
 
     conn = aiohttp.TCPConnector(limit=concurrency)
@@ -127,7 +131,7 @@ def _summary(side: Side) -> dict[str, Any]:
 
 
 async def measure(
-    upstream: str, *, model: str, levels: Sequence[int], requests: int, rounds: int, max_tokens: int
+    upstream: str, *, model: str, levels: Sequence[int], requests: int, rounds: int, max_tokens: int, usage: bool
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="specproxy-observer-") as tmp:
@@ -135,8 +139,8 @@ async def measure(
             _proxy(upstream, Path(tmp) / "on.jsonl") as on,
             _proxy(upstream, Path(tmp) / "off.jsonl", "--metrics-url", "none") as off,
         ):
-            await _wave(on.url, model, 1, 2, max_tokens, 0, Side())  # warm both paths and the engine
-            await _wave(off.url, model, 1, 2, max_tokens, 0, Side())
+            await _wave(on.url, model, 1, 2, max_tokens, 0, Side(), usage)  # warm both paths and the engine
+            await _wave(off.url, model, 1, 2, max_tokens, 0, Side(), usage)
             for c in levels:
                 sides = {"on": Side(), "off": Side()}
                 for r in range(rounds):
@@ -144,7 +148,7 @@ async def measure(
                     for name in order:
                         url = on.url if name == "on" else off.url
                         before = await _scrapes(on.url) if name == "on" else 0
-                        await _wave(url, model, c, requests, max_tokens, r * requests, sides[name])
+                        await _wave(url, model, c, requests, max_tokens, r * requests, sides[name], usage)
                         if name == "on":
                             sides["on"].scrapes += await _scrapes(on.url) - before
                 son, soff = _summary(sides["on"]), _summary(sides["off"])
@@ -186,13 +190,14 @@ def _cell(v: float | None, width: int = 9) -> str:
 
 async def _main(a: argparse.Namespace) -> int:
     levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
-    kw = {"levels": levels, "requests": a.requests, "rounds": a.rounds, "max_tokens": a.max_tokens}
+    kw = {"levels": levels, "requests": a.requests, "rounds": a.rounds, "max_tokens": a.max_tokens, "usage": a.usage}
     docs: list[dict[str, Any]] = []
     texts: list[str] = []
     if a.upstream:
         rows = await measure(a.upstream.rstrip("/"), model=a.model, **kw)
-        docs.append({"engine": a.upstream, "rows": rows})
-        texts.append(render(rows, a.upstream))
+        name = a.upstream + (", final usage asked for" if a.usage else "")
+        docs.append({"engine": name, "rows": rows})
+        texts.append(render(rows, name))
     else:
         for per_request in (False, True):
             args = ["-m", "specproxy", "sim", "--listen", "127.0.0.1:0", "--speed", str(a.speed)]
@@ -223,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--speed", type=float, default=1.0, help="the simulator's time compression")
     p.add_argument("--render-ms", type=float, default=8.0, help="what one /metrics holds the simulator's loop")
+    p.add_argument("--usage", action="store_true", help="ask for the final usage (stream_options), as aiperf does")
     p.add_argument("--format", choices=("table", "json"), default="table")
     a = p.parse_args(argv)
     try:

@@ -21,7 +21,7 @@ from specproxy.analysis import render, render_advise, render_compare
 from specproxy.analysis.accum import ReportBuilder
 from specproxy.analysis.advise import DEFAULT_MAX_K
 from specproxy.analysis.advise_input import MAX_DETAIL_RECORDS, AdviseInput
-from specproxy.analysis.advise_measured import measured_rows
+from specproxy.analysis.advise_measured import measured_rows, with_measurements
 from specproxy.analysis.aggregate import DEFAULT_GROUP_BY, DEFAULT_SPEC, GROUP_FIELDS
 from specproxy.analysis.batchcost import build_batch_advice
 from specproxy.analysis.compare import METRICS, ComparisonBuilder
@@ -209,6 +209,7 @@ def run_advise(cfg: AdviseConfig) -> None:
         else None,
     )
     measured = measured_rows(data.details, data.baseline_details, cfg.slo)
+    advice = with_measurements(advice, measured)
     if data.details_dropped:
         typer.echo(
             f"specproxy: warning: the measured-speedup and batch-size tables use the first "

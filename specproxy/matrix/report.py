@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from specproxy.analysis import render_advise, render_compare
 from specproxy.analysis.advise import Advice, build_advice
+from specproxy.analysis.advise_measured import measured_rows, with_measurements
 from specproxy.analysis.compare import Comparison, build_comparison, speculates
 from specproxy.analysis.tables import render_text
 from specproxy.core.record import Record
@@ -60,6 +61,7 @@ def analyse(spec: MatrixSpec, records: Mapping[str, Sequence[Record]]) -> list[G
         advice = None
         if spec_recs and speculates(spec_recs):
             advice = build_advice(spec_recs, [] if speculates(base) else base)
+            advice = with_measurements(advice, measured_rows(spec_recs, base))
         missing = tuple(label for label in labels if label not in present)
         out.append(GroupResult(name, comparison, advice, missing))
     return out
