@@ -19,24 +19,34 @@ METRICS = (Path(__file__).parent / "data" / "metrics-ngram-before-code.txt").rea
 
 
 class Engine:
-    """Streams after a prefill that lasts until ``prefill_done`` is set; notes each /metrics arrival."""
+    """The first request streams a token, then holds until ``first_done``; the second waits in prefill until
+    ``prefill_done``. Each /metrics arrival is noted in order with the rest."""
 
     def __init__(self) -> None:
         self.events: list[str] = []  # "metrics", "arrived", "first_token", in the order the engine saw them
+        self.streaming = asyncio.Event()
         self.arrived = asyncio.Event()
         self.prefill_done = asyncio.Event()
+        self.first_done = asyncio.Event()
+        self.calls = 0
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         await request.read()
-        self.events.append("arrived")
-        self.arrived.set()
+        self.calls += 1
+        second = self.calls == 2
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await self.prefill_done.wait()
-        self.events.append("first_token")
-        for word in ("Hello", " there", " friend"):
+        if second:
+            self.events.append("arrived")
+            self.arrived.set()
+            await self.prefill_done.wait()
+            self.events.append("first_token")
+        for i, word in enumerate(("Hello", " there", " friend")):
             chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": word}}]}
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            if not second and i == 0:
+                self.streaming.set()
+                await self.first_done.wait()
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
@@ -46,6 +56,7 @@ class Engine:
 
 
 async def test_no_scrape_lands_while_a_request_waits_for_its_first_token(tmp_path: Path) -> None:
+    """Two requests in flight: the periodic scrape is due, but one of them is in prefill, so it waits."""
     engine = Engine()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", engine.chat)
@@ -53,6 +64,7 @@ async def test_no_scrape_lands_while_a_request_waits_for_its_first_token(tmp_pat
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     url = str(server.make_url("")).rstrip("/")
+    body = {"model": "m", "messages": [], "stream": True}
     try:
         async with running_proxy(url, tmp_path, rec_scrape_interval_s=0.05) as px, aiohttp.ClientSession() as s:
             scraper = px.recorder.scraper
@@ -60,30 +72,66 @@ async def test_no_scrape_lands_while_a_request_waits_for_its_first_token(tmp_pat
                 if scraper.state.ok:
                     break
                 await asyncio.sleep(0.01)
-            post = asyncio.create_task(
-                s.post(px.url + "/v1/chat/completions", json={"model": "m", "messages": [], "stream": True})
-            )
+            first = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
+            await engine.streaming.wait()
+            second = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
             await engine.arrived.wait()
-            # the periodic scrape is due every 50 ms while a request is in flight: wait until one is held back
-            for _ in range(500):
+            for _ in range(500):  # the periodic scrape (every 50 ms with two in flight) is held back
                 if scraper.deferred:
                     break
                 await asyncio.sleep(0.01)
             engine.prefill_done.set()
-            resp = await post
-            await resp.read()
-            await px.flush()
-            for _ in range(500):  # the held-back scrape goes out once the first token is through
-                if engine.events.count("metrics") >= 2:
+            for _ in range(500):  # and goes out once the second request's first token is through
+                if engine.events[-1:] == ["metrics"]:
                     break
                 await asyncio.sleep(0.01)
+            engine.first_done.set()
+            for task in (first, second):
+                resp = await task
+                await resp.read()
+            await px.flush()
     finally:
         await server.close()
     assert scraper.deferred >= 1
-    first = engine.events.index("arrived")
+    arrived = engine.events.index("arrived")
     token = engine.events.index("first_token")
-    assert "metrics" not in engine.events[first:token], engine.events
+    assert "metrics" not in engine.events[arrived:token], engine.events
     assert "metrics" in engine.events[token:], engine.events
+
+
+async def test_one_request_alone_gets_no_periodic_scrape(tmp_path: Path) -> None:
+    """A request alone in flight is settled by its closing scrape: none is made while it streams."""
+    engine = Engine()  # its first request streams one token, then holds until first_done
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", engine.chat)
+    app.router.add_get("/metrics", engine.metrics)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        async with running_proxy(url, tmp_path, rec_scrape_interval_s=0.02) as px, aiohttp.ClientSession() as s:
+            scraper = px.recorder.scraper
+            for _ in range(500):
+                if scraper.state.ok:
+                    break
+                await asyncio.sleep(0.01)
+            task = asyncio.create_task(
+                s.post(px.url + "/v1/chat/completions", json={"model": "m", "messages": [], "stream": True})
+            )
+            await engine.streaming.wait()
+            during = engine.events.count("metrics")
+            # ten periodic intervals pass while it streams: an absence can only be waited for this way
+            await asyncio.sleep(0.2)
+            held = engine.events.count("metrics")
+            engine.first_done.set()
+            resp = await task
+            await resp.read()
+            await px.flush()
+    finally:
+        await server.close()
+    assert held == during, engine.events
+    (rec,) = px.records()
+    assert rec["outcome"] == "ok"
 
 
 async def test_engine_figures_mean_no_closing_scrapes_and_status_catches_up(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ specproxy/attribution/ledger.py).
 A scrape is work for the engine's API server, the process that also takes new requests and streams tokens (vLLM
 renders ``/metrics`` on its event loop), so measuring must not land on what is measured:
 
+- **Not while one request is alone.** The periodic scrape parts requests that overlap; a request alone in flight
+  is settled by its closing scrape, so none is made meanwhile (at concurrency 1, one scrape per request).
 - **Not during a prefill.** A scrape does not start while a request is between its arrival and its first token
   (:meth:`Scraper.prefill_started` / :meth:`Scraper.prefill_ended`), for at most :data:`MAX_DEFER_S`: at
   concurrency 1 the end-of-request scrape used to meet the next request as it arrived and added the render to its
@@ -200,10 +202,15 @@ class Scraper:
                 else:
                     await self._active.wait()  # idle until a request starts, asks for a scrape or ends
                     continue
+            periodic = False
             if not self._wake.is_set() and not quiet:
                 interval = SLOW_INTERVAL_S if self.per_request_figures else self.interval_s
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(self._wake.wait(), interval)
+                except TimeoutError:
+                    periodic = True
+            if periodic and not self._waiters and self._in_flight() <= 1 and self._last is not None:
+                continue  # a periodic scrape parts overlapping requests: one alone is settled by its closing scrape
             self._wake.clear()
             if self._closed:
                 break
