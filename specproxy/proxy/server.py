@@ -155,8 +155,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return _json_error(400, "the request target must be a path", "BadRequest")
     path = target_path(target)
     own = _OWN.get(path) if request.method in ("GET", "HEAD") else None
-    if own is not None:
-        return await own(request)
+    if own is not None:  # also in absolute form (RFC 9112 3.2.2): GET http://host/specproxy/status
+        return await own(request, path)
     in_flight = request.app[IN_FLIGHT]
     task = in_flight.enter()
     try:
@@ -344,14 +344,15 @@ def _json_error(status: int, message: str, kind: str, rid: str | None = None) ->
     )
 
 
-async def own_endpoint(request: web.Request) -> web.Response:
+async def own_endpoint(request: web.Request, path: str) -> web.Response:
     """The bookkeeper's answer, which describes the whole proxy (every relay), whichever relay is asked."""
-    status, content_type, body = await request.app[LINK].query(target_path(request.raw_path))
+    status, content_type, body = await request.app[LINK].query(path)
     return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
 
-# The proxy's own endpoints, answered for GET and HEAD on their exact raw path; any other spelling of them
-# (/v1/../specproxy/status, /specproxy/%73tatus) is a path like any other and goes to the upstream as sent.
+# The proxy's own endpoints, answered for GET and HEAD on their exact raw path (in origin or absolute form, with
+# any query); any other spelling of them (/v1/../specproxy/status, /specproxy/%73tatus) is a path like any other and
+# goes to the upstream as sent.
 _OWN = {"/specproxy/metrics": own_endpoint, "/specproxy/status": own_endpoint}
 
 
