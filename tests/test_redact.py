@@ -50,11 +50,98 @@ SECRET = "s3cr3t-VALUE-0042"
         "session",
         "session_id",
         "cache_salt",  # vLLM: "should be random, protected from access by 3rd parties"
+        # words in every spelling of a key: snake_case, kebab-case, camelCase, capitals, digits, dots and brackets
+        "session_token",
+        "sessionToken",
+        "X-Session-Token",
+        "APIKey",
+        "XApiKey",
+        "api_key2",
+        "auth.bearer",
+        "auth[password]",
+        "signing_key",
+        "secretKey",
+        "aws_secret_access_key",
+        "new_password",
+        "passwordConfirmation",
+        "pass",
+        "passphrase",
+        "oauth",
+        "jwt",
+        "keys",
+        "WWW-Authenticate",
+        "csrf_token",
+        "refresh_tokens",  # plural after a word that makes it a credential
+        "accessTokens",
+        # one word gluing a secret to its qualifier
+        "apikey",
+        "APIKEY",
+        "xapikey",
+        "accesstoken",
+        "csrftoken",
+        "clientsecret",
+        "dbpassword",
+        "privatekey",
+        "passkey",
+        "JSESSIONID",
     ],
 )
 def test_secret_names_in_any_case(name: str) -> None:
     assert is_secret_key(name)
     assert capture_body({name: SECRET}) == {name: REDACTED}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        # a secret word inside another word is not that word
+        "author",
+        "authors",
+        "authorName",
+        "authority",
+        "keyword",
+        "keywords",
+        "monkey",
+        "turkey",
+        "hotkey",
+        "tokenizer",
+        "secretary",
+        "bypass",
+        "passage",
+        "basalt",
+        # token counts and ids are what records are about: never redacted, listed or not
+        "tokens",
+        "num_tokens",
+        "n_tokens",
+        "maxTokens",
+        "MAX_TOKENS",
+        "maxtokens",
+        "valid_tokens",
+        "output_tokens_count",
+        "eos_token_id",
+        "pad_token_id",
+        "bad_token_ids",
+        "token_count",
+    ],
+)
+def test_words_inside_other_words_and_token_counts_are_kept(name: str) -> None:
+    assert not is_secret_key(name)
+    body = {name: SECRET, "nested": [{name: 12}]}
+    assert capture_body(body) == body
+    assert capture_body(f"{name}=x1&n=1") == f"{name}=x1&n=1"  # a form body, by the same rule
+
+
+def test_usage_and_count_fields_survive_by_the_word_rule_alone() -> None:
+    """Not only because they are listed: every count and id of KEPT_FIELDS but one keeps its value by the word rule."""
+    from specproxy.core.redact import _secret_words
+
+    assert [k for k in sorted(KEPT_FIELDS) if _secret_words(k)] == ["prompt_cache_key"]
+
+
+def test_a_long_key_is_matched_without_the_cache() -> None:
+    long = "x" * 10_000 + "_api_key"
+    assert is_secret_key(long) and not is_secret_key("x" * 10_000 + "_tokens")
+    assert capture_body({long: SECRET}) == {long: REDACTED}
 
 
 @pytest.mark.parametrize("name", sorted(KEPT_FIELDS))

@@ -18,7 +18,13 @@ from specproxy.core.errors import shown_url
 from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_tokenizer
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
-from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.config import (
+    CREDENTIALS_ENV,
+    CredentialsError,
+    ProxyConfig,
+    authorization_value,
+    read_credentials_file,
+)
 from specproxy.proxy.workers import Ended, default_workers
 from specproxy.recorder.recorder import RecorderConfig
 from specproxy.recorder.sink import FILE_MODE, RecordSink
@@ -75,10 +81,50 @@ def parse_size(value: str) -> int:
     return n
 
 
+def upstream_credentials(upstream: str, path: Path | None) -> str | None:
+    """The upstream's Authorization field from ``$SPECPROXY_UPSTREAM_CREDENTIALS`` or ``--upstream-credentials-file``
+    (None: neither; the user:password of the URL, if any, is then the relay's). One source only. The variable is
+    taken out of the environment once read, so that no process the proxy starts inherits it."""
+    env = os.environ.pop(CREDENTIALS_ENV, "")  # set but empty (compose's ${VAR} of an unset VAR): not given
+    in_url = urlsplit(upstream).username is not None
+    given = [
+        name
+        for name, there in (
+            (f"${CREDENTIALS_ENV}", bool(env)),
+            ("--upstream-credentials-file", path is not None),
+            ("the user:password of --upstream", in_url),
+        )
+        if there
+    ]
+    if len(given) > 1:
+        fail(f"the upstream's credentials come from one place, got {' and '.join(given)}")
+    if in_url:
+        typer.echo(
+            "specproxy proxy: warning: the user:password in --upstream is visible to every local user (ps, "
+            f"/proc/PID/cmdline); give it in ${CREDENTIALS_ENV} or --upstream-credentials-file instead",
+            err=True,
+        )
+    try:
+        if path is not None:
+            return read_credentials_file(str(path))
+        if env:
+            return authorization_value(env, f"${CREDENTIALS_ENV}")
+    except CredentialsError as e:
+        fail(str(e))
+    return None
+
+
 def register(app: typer.Typer) -> None:
     @command(app, "proxy")
     def proxy(
         upstream: str = typer.Option(..., "--upstream", help="The engine's base URL, e.g. http://127.0.0.1:8000."),
+        credentials_file: Path | None = typer.Option(
+            None,
+            "--upstream-credentials-file",
+            help="A file (mode 0600, or 0640 owned by root) holding the upstream's credentials on one line: "
+            f"user:password, a token (sent as Bearer), or Bearer TOKEN. Or set ${CREDENTIALS_ENV}; never put them "
+            "in --upstream, which every local user can read.",
+        ),
         listen: str = typer.Option("127.0.0.1:8080", "--listen", help="HOST:PORT to listen on (port 0: any free)."),
         record: str = typer.Option(
             "specproxy-records.jsonl", "--record", help="JSONL file of per-request records ('-' for none)."
@@ -149,6 +195,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Transparent recording proxy in front of vLLM (or any OpenAI-compatible engine)."""
         up = check_url(upstream, "--upstream")
+        authorization = upstream_credentials(up, credentials_file)
         check_engine(engine)
         host, port = parse_listen(listen)
         if capture not in CAPTURES:
@@ -237,6 +284,7 @@ def register(app: typer.Typer) -> None:
             slo=slo_spec,
             bookkeeping_buffer_bytes=bookkeeping_buffer_bytes,
             workers=default_workers() if workers < 0 else workers,
+            upstream_authorization=authorization,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if cfg.workers == 0:

@@ -3,8 +3,8 @@
 Headers are never recorded; this module owns the body. :func:`capture_body` takes what the proxy or the load
 generator captured (parsed JSON, or the text of a body that is not JSON) and returns what may be written:
 
-- JSON: every value under a secret-looking key (:func:`is_secret_key`: the name contains one of :data:`SECRET_WORDS`,
-  in any case, at any depth) is replaced by :data:`REDACTED`, except the request fields listed in
+- JSON: every value under a secret-looking key (:func:`is_secret_key`: a word of the name is one of
+  :data:`SECRET_WORDS`, in any case, at any depth) is replaced by :data:`REDACTED`, except the request fields listed in
   :data:`KEPT_FIELDS` (counts and settings replay needs). Every other string keeps its text, with credential-shaped
   substrings (:data:`CREDENTIAL_PATTERNS`: ``sk-...``, ``Bearer ...``, JWTs, private keys ...) replaced.
 - Text (a body that is not JSON): a form or query string has the values of secret keys replaced; any other text has
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from typing import Any
 from urllib.parse import unquote_plus
@@ -46,25 +47,96 @@ TEXT_CAPTURE_CHARS = 64 * 1024
 # leading characters: the check is a Python loop over brackets.
 TEXT_DEPTH_SCAN = TEXT_CAPTURE_CHARS
 
-# A key whose name contains one of these, in any case, holds a secret. "salt" and "pwd" go beyond the obvious:
-# vLLM's `cache_salt` "should be random, protected from access by 3rd parties" (its request schema), and `pwd` is
-# a common short name for a password.
-SECRET_WORDS = (
-    "key",
-    "token",
-    "secret",
+# A key holds a secret when one of its *words* is one of these, in any case. Words, not substrings: `author`,
+# `keyword`, `monkey`, `tokenizer` are not secrets, and `tokens` (`max_tokens`, `completion_tokens`: the counts every
+# record is about) is not one either. A key is split into words at every character that is not a letter or a digit
+# (snake_case, kebab-case, dotted, bracketed), at a change from lower to upper case (camelCase: `apiKey`), at the
+# end of a run of capitals before a capitalised word (`APIKey`) and between letters and digits (`key2`). "salt" and
+# "pwd" go beyond the obvious: vLLM's `cache_salt` "should be random, protected from access by 3rd parties" (its
+# request schema), and `pwd` and `pass` are common short names for a password.
+SECRET_WORDS = frozenset(
+    {
+        "key",
+        "keys",
+        "token",
+        "secret",
+        "secrets",
+        "password",
+        "passwords",
+        "passwd",
+        "pwd",
+        "pass",
+        "passphrase",
+        "auth",
+        "oauth",
+        "authn",
+        "authz",
+        "authorization",
+        "authentication",
+        "authenticate",
+        "bearer",
+        "credential",
+        "credentials",
+        "creds",
+        "cookie",
+        "cookies",
+        "session",
+        "sessions",
+        "salt",
+        "jwt",
+    }
+)
+# One word that glues a secret to what qualifies it, as lower-case or upper-case names do (`apikey`, `accesstoken`,
+# `clientsecret`, `dbpassword`, `JSESSIONID`): a word ending in one of these is a secret, whatever comes before ...
+_GLUED_ENDINGS: tuple[str, ...] = (
     "password",
+    "passwords",
     "passwd",
-    "pwd",
+    "passphrase",
+    "secret",
+    "secrets",
+    "credential",
+    "credentials",
+    "token",
+    "apikey",
+    "apikeys",
+    "sessionid",
+)
+# ... and so is one where `key`, `keys` or `tokens` follows a word that makes it a credential (`privatekey`,
+# `passkey`, `accesstokens`; not `monkey`, `hotkey` or `maxtokens`), glued or as the next word (`refresh_tokens`).
+_QUALIFIERS = (
+    "access",
+    "api",
+    "app",
     "auth",
     "bearer",
-    "credential",
-    "cookie",
+    "client",
+    "csrf",
+    "encryption",
+    "license",
+    "master",
+    "oauth",
+    "pass",
+    "private",
+    "refresh",
+    "secret",
     "session",
-    "salt",
+    "signing",
+    "ssh",
+    "xsrf",
 )
+_GLUED_ENDINGS += tuple(q + noun for q in _QUALIFIERS for noun in ("key", "keys", "tokens"))
+_TOKENS_AFTER = frozenset({*_QUALIFIERS, "id"})
+# `token` before one of these words is a token of text, not a credential: `eos_token_id`, `stop_token_ids`,
+# `token_count`, `token_budget`.
+_TEXT_TOKEN_NEXT = frozenset(
+    {"id", "ids", "str", "strs", "count", "counts", "budget", "limit", "length", "len", "index", "indices", "usage"}
+)
+_WORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 # Request fields that contain a secret word but hold counts or settings: replay sends them back, so they stay.
+# Matched by words, only `prompt_cache_key` among them would be redacted; the others are listed all the same, so
+# that a secret word added later cannot take a field replay needs.
 # Exact names (case matters, as in the schemas). Sources: OpenAI's chat, completions, responses and usage objects;
 # vLLM's ChatCompletionRequest / CompletionRequest sampling and extra parameters, its tokenize, detokenize and
 # token-in endpoints; Anthropic's messages request (which vLLM also serves); SGLang's and TGI's native parameters.
@@ -120,12 +192,32 @@ KEPT_FIELDS = frozenset(
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
+def key_words(name: str) -> list[str]:
+    """The words of a key, lower-cased: ``"X-API-Key"``, ``"x_api_key"`` and ``"xApiKey"`` are ``x``, ``api``,
+    ``key``."""
+    return [w.lower() for w in _WORD_RE.findall(name)]
+
+
 def is_secret_key(name: str) -> bool:
-    """Whether a value under this key is withheld from records."""
+    """Whether a value under this key is withheld from records: see :data:`SECRET_WORDS`."""
     if name in KEPT_FIELDS:
         return False
-    low = name.lower()
-    return any(w in low for w in SECRET_WORDS)
+    # bodies repeat the same few keys ("role", "content") thousands of times; only short ones are kept in the cache
+    return _secret_words(name) if len(name) <= 64 else _secret_words.__wrapped__(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_words(name: str) -> bool:
+    words = key_words(name)
+    for i, w in enumerate(words):
+        after = words[i + 1] if i + 1 < len(words) else ""
+        if w == "token" and after in _TEXT_TOKEN_NEXT:
+            continue
+        if w in SECRET_WORDS or w.endswith(_GLUED_ENDINGS):
+            return True
+        if after == "tokens" and w in _TOKENS_AFTER:
+            return True
+    return False
 
 
 # -- credential-shaped text ----------------------------------------------------------------------------------------

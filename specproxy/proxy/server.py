@@ -32,13 +32,13 @@ import asyncio
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
-from aiohttp import BasicAuth, web
+from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -46,7 +46,7 @@ from specproxy.core.errors import one_line
 from specproxy.core.headers import CLIENT_KEEPALIVE_S, REQUEST_ID_HEADER, WORKLOAD_HEADER
 from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
-from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.config import ProxyConfig, basic_authorization
 from specproxy.proxy.link import EventLink, Relayed
 from specproxy.proxy.upstream import Exchange, Pool, Sink, UpstreamError, request_head
 from specproxy.recorder.recorder import Recorder
@@ -107,13 +107,15 @@ class Upstream:
     authority: str  # the Host field: the host, and the port unless it is the scheme's
     prefix: str  # the base URL's path as written, without a trailing slash ("" for none)
     hosts: tuple[str, ...]  # its host, as error texts must not show it
-    authorization: str | None  # from credentials in the URL, for requests that bring none
+    authorization: str | None = field(repr=False)  # --upstream-credentials-file or the URL's, for requests without
 
     @classmethod
-    def parse(cls, base: str) -> Upstream:
+    def parse(cls, base: str, authorization: str | None = None) -> Upstream:
         url = URL(base)
         host = url.raw_host or ""
-        auth = BasicAuth(url.user or "", url.password or "").encode() if url.user is not None else None
+        auth = authorization
+        if auth is None and url.user is not None:
+            auth = basic_authorization(url.user or "", url.password or "")
         return cls(
             url.scheme, host, url.port or 80, url.host_port_subcomponent or host, urlsplit(base).path.rstrip("/"),
             (host, f"[{host}]"), auth,
@@ -155,8 +157,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return _json_error(400, "the request target must be a path", "BadRequest")
     path = target_path(target)
     own = _OWN.get(path) if request.method in ("GET", "HEAD") else None
-    if own is not None:
-        return await own(request)
+    if own is not None:  # also in absolute form (RFC 9112 3.2.2): GET http://host/specproxy/status
+        return await own(request, path)
     in_flight = request.app[IN_FLIGHT]
     task = in_flight.enter()
     try:
@@ -344,14 +346,15 @@ def _json_error(status: int, message: str, kind: str, rid: str | None = None) ->
     )
 
 
-async def own_endpoint(request: web.Request) -> web.Response:
+async def own_endpoint(request: web.Request, path: str) -> web.Response:
     """The bookkeeper's answer, which describes the whole proxy (every relay), whichever relay is asked."""
-    status, content_type, body = await request.app[LINK].query(target_path(request.raw_path))
+    status, content_type, body = await request.app[LINK].query(path)
     return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
 
-# The proxy's own endpoints, answered for GET and HEAD on their exact raw path; any other spelling of them
-# (/v1/../specproxy/status, /specproxy/%73tatus) is a path like any other and goes to the upstream as sent.
+# The proxy's own endpoints, answered for GET and HEAD on their exact raw path (in origin or absolute form, with
+# any query); any other spelling of them (/v1/../specproxy/status, /specproxy/%73tatus) is a path like any other and
+# goes to the upstream as sent.
 _OWN = {"/specproxy/metrics": own_endpoint, "/specproxy/status": own_endpoint}
 
 
@@ -361,7 +364,7 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
     quiet_bad_requests()  # a malformed request line is logged in one line, without its bytes (API keys in queries)
     app = web.Application(client_max_size=cfg.max_body_bytes, handler_args={"max_field_size": 65536})
     app[CONFIG] = cfg
-    app[UPSTREAM] = Upstream.parse(cfg.upstream)
+    app[UPSTREAM] = Upstream.parse(cfg.upstream, cfg.upstream_authorization)
     app[IN_FLIGHT] = InFlight()
     app[LINK] = link = EventLink(
         soft_bytes=cfg.bookkeeping_buffer_bytes,
@@ -410,8 +413,26 @@ def upstream_session(cfg: ProxyConfig) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
     return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        headers=_bookkeeping_authorization(cfg),
     )
+
+
+def _bookkeeping_authorization(cfg: ProxyConfig) -> dict[str, str] | None:
+    """The upstream's credentials (``--upstream-credentials-file``, ``$SPECPROXY_UPSTREAM_CREDENTIALS``) for the
+    bookkeeping's own requests, as a URL's user:password goes with them: only when every one of them is for the
+    upstream's origin (a --metrics-url elsewhere gets none of them) and carries no credentials of its own."""
+    if cfg.upstream_authorization is None:
+        return None
+    origin = URL(cfg.upstream).origin()
+    rc = cfg.recorder
+    for u in (rc.metrics_url, rc.tokenize_url, rc.probe_url):
+        if u is not None and (URL(u).user is not None or URL(u).origin() != origin):
+            return None
+    return {"Authorization": cfg.upstream_authorization}
 
 
 @dataclass(slots=True)
