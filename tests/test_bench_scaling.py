@@ -20,6 +20,7 @@ import pytest
 from specproxy.bench.procs import CpuListError, available_cpus, format_cpus, on_cpus, parse_cpus, python_child
 from specproxy.bench.run import BenchConfig, bookkeeper_ceiling, targets, worker_rows
 from specproxy.bench.upstream import Counters, SharedCounters
+from specproxy.bench.wire import StampScan
 from specproxy.core.prom import detect_engine, parse_snapshot, spec_counters
 
 CPU0 = min(available_cpus())
@@ -209,3 +210,18 @@ def test_a_pinned_scaling_run_at_a_tiny_scale() -> None:
     assert one["vs_workers_1"] == 1.0 and two["vs_workers_1"] == two["chunks_per_s"] / one["chunks_per_s"]
     assert r["bookkeeper"] is not None and not r["bookkeeper"]["shedding"]
     assert any(t["target"].startswith("specproxy --workers 2 / --workers 1") for t in r["targets"])
+
+
+async def test_an_unpaced_stream_in_batches_sends_every_event_once_and_counts_them() -> None:
+    body = {"model": "bench", "messages": [], "max_tokens": 37, "stream": True}
+    async with python_child(
+        "-m", "specproxy.bench.upstream", "--steps-per-s", "0", "--batch", "16", url_on="stdout"
+    ) as up, aiohttp.ClientSession() as s:
+        async with s.post(up.url + "/v1/chat/completions", json=body) as r:
+            data = await r.read()
+        async with s.get(up.url + "/metrics") as r:
+            snap = parse_snapshot(await r.text())
+    stamps = StampScan().feed(data)
+    assert len(stamps) == 37 and data.endswith(b"data: [DONE]\n\n") and data.count(b'"finish_reason":"stop"') == 1
+    assert stamps == sorted(stamps, key=int)
+    assert spec_counters(detect_engine(snap), snap.values).drafts == 36  # every event but the prefill

@@ -156,6 +156,13 @@ def on_cpus(cpus: frozenset[int] | None) -> Callable[[], None] | None:
     return pin
 
 
+def pin_process(pid: int, cpus: frozenset[int]) -> None:
+    """Put a running process, every thread of it, on ``cpus`` (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

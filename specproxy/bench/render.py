@@ -64,7 +64,8 @@ def _ceiling(bk: dict[str, Any] | None) -> list[str]:
 
     def at(r: dict[str, Any]) -> str:
         return (
-            f"{r['chunks_per_s']:,.0f} events/s ({r['relay']}, bookkeeper at {_f(r['bookkeeping_cores'])} cores,"
+            f"{r['chunks_per_s']:,.0f} events/s ({r['relay']}, {r['streams']} streams, bookkeeper at"
+            f" {_f(r['bookkeeping_cores'])} cores,"
             f" {_f(r['bookkeeping_cpu_ms_per_1000'], '{:.1f}')} ms per 1,000 events)"
         )
 
@@ -74,7 +75,7 @@ def _ceiling(bk: dict[str, Any] | None) -> list[str]:
             f"bookkeeper ceiling: the relays start shedding at {at(first)}: {first['shed_chunks']} chunk events"
             f" shed, {first['shed_requests']} of {first['streams']} records flagged"
         )
-        lines.append(f"  last rate with nothing shed: {at(clean)}" if clean else "  it shed at every N measured")
+        lines.append(f"  last rate with nothing shed: {at(clean)}" if clean else "  every phase measured shed")
     else:
         lines.append(f"bookkeeper ceiling: not reached; nothing shed up to {at(clean)}")
     if bk.get("events_per_bookkeeper_cpu_s"):

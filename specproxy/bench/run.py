@@ -35,12 +35,14 @@ from specproxy.bench.procs import (
     format_cpus,
     nginx,
     nginx_path,
+    pin_process,
     python_child,
     spawn_client,
     tree_cpu_by_role,
     tree_cpu_s,
     tree_rss_bytes,
 )
+from specproxy.bench.wire import now_ns
 from specproxy.core.stats import percentile
 from specproxy.proxy.link import STATS_INTERVAL_S
 
@@ -57,9 +59,11 @@ class BenchConfig:
     worker_rows: tuple[int, ...] | None = None  # every N with a row (1 first); None: 1 and `workers`
     clients: int = 1
     upstreams: int = 1  # upstream processes on one port
+    upstream_batch: int = 1  # events per upstream write at saturation (1: one event, one write)
     cpus_upstream: frozenset[int] | None = None  # None: not pinned
     cpus_client: frozenset[int] | None = None  # the clients' and the bench's own
     cpus_relays: frozenset[int] | None = None  # every relay's whole process tree
+    cpus_bookkeeper: frozenset[int] | None = None  # specproxy's bookkeeping process, once started; None: as relays
     burst: int = 0  # streams started at once (no stagger), paced, after the levels; 0: none
     burst_tokens: int = 20
     saturation_streams: int = 64
@@ -206,8 +210,11 @@ async def measure(
     up_cpu = _cpu_of(load.upstream_pids) - up0
     outs = [client_result(o, relay.name) for o in spawned]
     status1 = None
+    settle_s = None
     if status0 is not None:  # the bookkeeping's work for this phase may still be under way: it counts here
+        t_end = now_ns()
         status1 = await settled_status(relay.url)
+        settle_s = (now_ns() - t_end) / 1e9
     done.set()
     await sampler
     cpu = tree_cpu_s(relay.pid) - cpu0 if relay.pid else None
@@ -261,7 +268,11 @@ async def measure(
         "upstream_cores": cores(up_cpu) if load.upstream_pids else None,
         "relay_cores": cores(cpu),
         "relay_only_cores": cores(relay_cpu),
-        "bookkeeping_cores": cores(roles["bookkeeping"]) if relay_cpu is not None else None,
+        # over the phase and the wait for the bookkeeping to catch up (its backlog is worked off after the last event)
+        "bookkeeping_cores": roles["bookkeeping"] / (span_s + (settle_s or 0.0))
+        if relay_cpu is not None and span_s > 0
+        else None,
+        "settle_s": settle_s,
         "other_cpu_ms_per_1000": per_1000(roles["other"]) if relay_cpu is not None else None,
         **_shed_delta(status0, status1),
         "relay_cpu_s": cpu,
@@ -349,14 +360,32 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
                 workers.append(None)
         children = await asyncio.gather(*starts)  # all at once: startup is most of a short run's time
         rows += [Relay(name, c.url, c.pid, n) for name, c, n in zip(names, children, workers, strict=True)]
+        if cfg.cpus_bookkeeper:
+            for r in rows:
+                if r.workers is not None:
+                    await _pin_bookkeeper(r, cfg.cpus_bookkeeper, notes)
         yield rows
+
+
+async def _pin_bookkeeper(relay: Relay, cpus: frozenset[int], notes: list[str]) -> None:
+    """specproxy's bookkeeping process on CPUs of its own: found by the pid its status gives, once it answers."""
+    for _ in range(100):
+        st = await proxy_status(relay.url)
+        if st is not None and st.get("bookkeeping", {}).get("pid"):
+            try:
+                pin_process(int(st["bookkeeping"]["pid"]), cpus)
+            except OSError as e:
+                notes.append(f"{relay.name}: its bookkeeping process could not be pinned ({e})")
+            return
+        await asyncio.sleep(0.1)
+    notes.append(f"{relay.name}: no bookkeeping pid in its status: the bookkeeping runs on the relays' CPUs")
 
 
 @contextlib.asynccontextmanager
 async def upstreams(cfg: BenchConfig, tmp: Path) -> Any:
     """The stamping upstream: ``cfg.upstreams`` processes on one port (the first finds a free port, the others join
     it with SO_REUSEPORT), their counters summed through a shared file. Yields (the first, every pid)."""
-    rate = ["--steps-per-s", str(cfg.steps_per_s)]
+    rate = ["--steps-per-s", str(cfg.steps_per_s), "--batch", str(cfg.upstream_batch)]
     if cfg.upstreams == 1:
         async with python_child("-m", "specproxy.bench.upstream", *rate, url_on="stdout", cpus=cfg.cpus_upstream) as up:
             yield up, (up.pid,)
@@ -395,7 +424,7 @@ def _sharing(cfg: BenchConfig) -> str:
     cores = os.cpu_count()
     ups = f"the upstream ({cfg.upstreams} process{'es' if cfg.upstreams > 1 else ''})"
     cls = f"the client ({cfg.clients} process(es))"
-    if not (cfg.cpus_upstream or cfg.cpus_client or cfg.cpus_relays):
+    if not (cfg.cpus_upstream or cfg.cpus_client or cfg.cpus_relays or cfg.cpus_bookkeeper):
         return (
             f"{cores} cores shared by {ups}, {cls} and the relay under test (specproxy: its workers and bookkeeping;"
             " nginx: 1 master + 1 worker); all relays stay up and idle while another is measured; nothing is pinned"
@@ -406,17 +435,21 @@ def _sharing(cfg: BenchConfig) -> str:
 
     return (
         f"{cores} cores: {ups} on {on(cfg.cpus_upstream)}, {cls} and the bench on {on(cfg.cpus_client)}, every relay"
-        f" (all its processes: specproxy's workers and bookkeeping) on {on(cfg.cpus_relays)}; all relays stay up and"
-        " idle while another is measured"
+        f" (all its processes: specproxy's workers and bookkeeping) on {on(cfg.cpus_relays)}"
+        + (f", specproxy's bookkeeping process on {on(cfg.cpus_bookkeeper)}" if cfg.cpus_bookkeeper else "")
+        + "; all relays stay up and idle while another is measured"
     )
 
 
-def bookkeeper_ceiling(saturation: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Where the relays start shedding: the saturation rows of specproxy by N, the relayed event rate of the last
-    that shed nothing and of the first that shed, with the bookkeeper's cores at each. When none shed, the rate it
-    took at most and what one full core would take at its CPU per event there (an estimate, not a reading)."""
-    rows = sorted((r for r in saturation if r.get("workers") is not None), key=lambda r: r["workers"])
-    rows = [r for r in rows if r.get("shed_chunks") is not None and r["chunks_per_s"]]
+def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where the relays start shedding, from every phase of specproxy (paced levels, burst, saturation) by the event
+    rate relayed: the highest rate that shed nothing and the lowest that shed, with the bookkeeper's cores at each.
+    When none shed, the highest rate taken, and what one full core would take at its CPU per event there (an
+    estimate, not a reading)."""
+    rows = sorted(
+        (r for r in phases if r.get("workers") is not None and r.get("shed_chunks") is not None and r["chunks_per_s"]),
+        key=lambda r: r["chunks_per_s"],
+    )
     if not rows:
         return None
     first = next((r for r in rows if r["shed_chunks"] or r["shed_requests"]), None)
@@ -458,11 +491,14 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
     saturation: list[dict[str, Any]] = []
     burst: list[dict[str, Any]] = []
     for a, b, name in (
-        (cfg.cpus_relays, cfg.cpus_client, "client"),
-        (cfg.cpus_relays, cfg.cpus_upstream, "upstream"),
+        (cfg.cpus_relays, cfg.cpus_client, "the relays share CPU {} with the client"),
+        (cfg.cpus_relays, cfg.cpus_upstream, "the relays share CPU {} with the upstream"),
+        (cfg.cpus_bookkeeper, cfg.cpus_relays, "the bookkeeping shares CPU {} with the relays"),
+        (cfg.cpus_bookkeeper, cfg.cpus_client, "the bookkeeping shares CPU {} with the client"),
+        (cfg.cpus_bookkeeper, cfg.cpus_upstream, "the bookkeeping shares CPU {} with the upstream"),
     ):
         if a and b and a & b:
-            notes.append(f"the relays share CPU {format_cpus(a & b)} with the {name}")
+            notes.append(name.format(format_cpus(a & b)))
     with tempfile.TemporaryDirectory(prefix="specproxy-bench-") as d:
         async with (
             upstreams(cfg, Path(d)) as (up, up_pids),
@@ -523,13 +559,18 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
         "levels": levels,
         "burst": burst,
         "saturation": saturation,
-        "bookkeeper": bookkeeper_ceiling(saturation),
+        "bookkeeper": bookkeeper_ceiling([*(r for lv in levels for r in lv["rows"]), *burst, *saturation]),
         "targets": targets(levels, saturation),
     }
 
 
 def _cpu_fields(cfg: BenchConfig) -> dict[str, frozenset[int] | None]:
-    return {"cpus_upstream": cfg.cpus_upstream, "cpus_client": cfg.cpus_client, "cpus_relays": cfg.cpus_relays}
+    return {
+        "cpus_upstream": cfg.cpus_upstream,
+        "cpus_client": cfg.cpus_client,
+        "cpus_relays": cfg.cpus_relays,
+        "cpus_bookkeeper": cfg.cpus_bookkeeper,
+    }
 
 
 SCALING_TARGETS = {2: 1.8, 4: 3.5}  # --workers N: at least this many times --workers 1's chunks/s at saturation

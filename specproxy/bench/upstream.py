@@ -169,10 +169,12 @@ def _reset(transport: asyncio.WriteTransport) -> None:
 
 
 class Pacer:
-    """Writes every stream's next event when it is due; one task for all streams."""
+    """Writes every stream's next event when it is due; one task for all streams. Unpaced streams get up to
+    ``batch`` events a write."""
 
-    def __init__(self, counters: Counters) -> None:
+    def __init__(self, counters: Counters, batch: int = 1) -> None:
         self.counters = counters
+        self.batch = batch
         self._heap: list[tuple[int, int, _Stream]] = []
         self._seq = itertools.count()
         self._wake = asyncio.Event()
@@ -187,6 +189,9 @@ class Pacer:
             return
         if s.period_ns == 0 and s.transport.get_write_buffer_size() > HIGH_WATER:
             self._push(s, now_ns() + 1_000_000)
+            return
+        if s.period_ns == 0 and self.batch > 1:
+            self._write_batch(s)
             return
         s.left -= 1
         t = now_ns()
@@ -205,6 +210,33 @@ class Pacer:
             s.transport.write(chunk(event(s.sid, t, finish=True, tokens=n)) + chunk(DONE) + LAST_CHUNK)
             if not s.done.done():
                 s.done.set_result(None)
+
+    def _write_batch(self, s: _Stream) -> None:
+        """Unpaced, up to ``batch`` events of one stream in one write: the same bytes, fewer system calls (a reader
+        that is behind reads them together anyway)."""
+        parts: list[bytes] = []
+        for _ in range(self.batch):
+            s.left -= 1
+            t = now_ns()
+            if s.left == s.reset_left:
+                if parts:
+                    s.transport.write(b"".join(parts))
+                _reset(s.transport)
+                if not s.done.done():
+                    s.done.set_result(None)
+                return
+            n = 1 if s.sent == 0 else _STEP_TOKENS[(s.sid + s.sent) % len(_STEP_TOKENS)]
+            self.counters.sent(s.sent == 0, n)
+            s.sent += 1
+            if s.left == 0:
+                parts += (chunk(event(s.sid, t, finish=True, tokens=n)), chunk(DONE), LAST_CHUNK)
+                s.transport.write(b"".join(parts))
+                if not s.done.done():
+                    s.done.set_result(None)
+                return
+            parts.append(chunk(event(s.sid, t, tokens=n)))
+        s.transport.write(b"".join(parts))
+        self._push(s, now_ns())
 
     def _push(self, s: _Stream, due: int) -> None:
         heapq.heappush(self._heap, (due, next(self._seq), s))
@@ -250,11 +282,11 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) 
 
 
 class Upstream:
-    def __init__(self, steps_per_s: float) -> None:
+    def __init__(self, steps_per_s: float, batch: int = 1) -> None:
         self.steps_per_s = steps_per_s
         self.counters = Counters()
         self.shared: SharedCounters | None = None
-        self.pacer = Pacer(self.counters)
+        self.pacer = Pacer(self.counters, batch)
         self._ids = itertools.count()
         self._big: bytes | None = None
 
@@ -316,9 +348,13 @@ class Upstream:
 
 
 async def serve(
-    port: int, steps_per_s: float, reuse_port: bool = False, shared: tuple[str, int, int] | None = None
+    port: int,
+    steps_per_s: float,
+    reuse_port: bool = False,
+    shared: tuple[str, int, int] | None = None,
+    batch: int = 1,
 ) -> None:
-    up = Upstream(steps_per_s)
+    up = Upstream(steps_per_s, batch)
     tasks = [asyncio.create_task(up.pacer.run())]
     if shared is not None:
         up.shared = SharedCounters(up.counters, *shared)
@@ -341,14 +377,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shared", metavar="PATH", help="a file the processes on one port sum their counters in")
     p.add_argument("--slot", type=int, default=0, help="this process's slot in --shared")
     p.add_argument("--slots", type=int, default=1, help="processes sharing --shared")
+    p.add_argument("--batch", type=int, default=1, help="events per write to an unpaced stream (at least 1)")
     a = p.parse_args(argv)
+    if a.batch < 1:
+        p.error(f"--batch must be at least 1, got {a.batch}")
     if a.shared is not None and not 0 <= a.slot < a.slots:
         p.error(f"--slot {a.slot} is not in 0..{a.slots - 1}")
     import uvloop
 
     shared = (a.shared, a.slot, a.slots) if a.shared is not None else None
     with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(a.port, a.steps_per_s, a.reuse_port, shared))
+        uvloop.run(serve(a.port, a.steps_per_s, a.reuse_port, shared, a.batch))
     sys.exit(0)
 
 

@@ -54,6 +54,9 @@ def register(app: typer.Typer) -> None:
         ),
         clients: int = typer.Option(1, "--clients", help="Client processes the streams are spread over."),
         upstreams: int = typer.Option(1, "--upstreams", help="Upstream processes on one port (SO_REUSEPORT)."),
+        upstream_batch: int = typer.Option(
+            1, "--upstream-batch", help="Events per upstream write at saturation (fewer system calls for the load)."
+        ),
         cpus_upstream: str | None = typer.Option(
             None, "--cpus-upstream", help="CPUs for the upstream processes, as taskset -c takes them (0-2)."
         ),
@@ -62,6 +65,9 @@ def register(app: typer.Typer) -> None:
         ),
         cpus_relays: str | None = typer.Option(
             None, "--cpus-relays", help="CPUs for every relay, all its processes (7-15)."
+        ),
+        cpus_bookkeeper: str | None = typer.Option(
+            None, "--cpus-bookkeeper", help="CPUs for specproxy's bookkeeping process (default: the relays')."
         ),
         burst: int = typer.Option(
             0, "--burst", help="Also this many streams started at once (paced): TTFT under a burst. 0: none."
@@ -88,6 +94,7 @@ def register(app: typer.Typer) -> None:
             "cpus_upstream": _cpus("--cpus-upstream", cpus_upstream),
             "cpus_client": _cpus("--cpus-client", cpus_client),
             "cpus_relays": _cpus("--cpus-relays", cpus_relays),
+            "cpus_bookkeeper": _cpus("--cpus-bookkeeper", cpus_bookkeeper),
         }
         if rows is not None and len(rows) > 1 and hostile:
             raise typer.BadParameter("--hostile takes one --workers N, not a list")
@@ -97,6 +104,7 @@ def register(app: typer.Typer) -> None:
             ("--tokens", tokens),
             ("--clients", clients),
             ("--upstreams", upstreams),
+            ("--upstream-batch", upstream_batch),
             ("--burst-tokens", burst_tokens),
             ("--saturation-streams", saturation_streams),
             ("--saturation-tokens", saturation_tokens),
@@ -121,6 +129,7 @@ def register(app: typer.Typer) -> None:
             worker_rows=rows,
             clients=clients,
             upstreams=upstreams,
+            upstream_batch=upstream_batch,
             burst=burst,
             burst_tokens=burst_tokens,
             **pins,
