@@ -57,31 +57,34 @@ def _role(cores: float | None, ms: float | None) -> str:
 
 
 def _ceiling(bk: dict[str, Any] | None) -> list[str]:
-    """The bookkeeper's ceiling, in words: between which relayed rates the relays started shedding."""
+    """The bookkeeper's ceiling, in words: between which relayed rates it stopped keeping up."""
     if not bk:
         return []
-    clean, first = bk["last_without_shedding"], bk["first_shedding"]
+    kept, first = bk["last_sustained"], bk["first_behind"]
 
     def at(r: dict[str, Any]) -> str:
         return (
             f"{r['chunks_per_s']:,.0f} events/s ({r['relay']}, {r['streams']} streams, bookkeeper at"
-            f" {_f(r['bookkeeping_cores'])} cores,"
-            f" {_f(r['bookkeeping_cpu_ms_per_1000'], '{:.1f}')} ms per 1,000 events)"
+            f" {_f(r['bookkeeping_cores'])} cores, {_f(r['bookkeeping_cpu_ms_per_1000'], '{:.1f}')} ms per 1,000"
+            " events)"
         )
 
     lines = [""]
     if first is not None:
-        lines.append(
-            f"bookkeeper ceiling: the relays start shedding at {at(first)}: {first['shed_chunks']} chunk events"
-            f" shed, {first['shed_requests']} of {first['streams']} records flagged"
+        why = (
+            f"the relays shed {first['shed_chunks']} chunk events, {first['shed_requests']} of {first['streams']}"
+            " records flagged"
+            if first["behind"] == "shed"
+            else f"nothing shed, but it was still working {_f(first['settle_s'], '{:.1f}')} s after the last event"
         )
-        lines.append(f"  last rate with nothing shed: {at(clean)}" if clean else "  every phase measured shed")
+        lines.append(f"bookkeeper ceiling: it falls behind at {at(first)}: {why}")
+        lines.append(f"  highest rate it kept up with: {at(kept)}" if kept else "  it kept up with no phase measured")
     else:
-        lines.append(f"bookkeeper ceiling: not reached; nothing shed up to {at(clean)}")
+        lines.append(f"bookkeeper ceiling: not reached; it kept up with {at(kept)}")
     if bk.get("events_per_bookkeeper_cpu_s"):
         lines.append(
-            f"  at its CPU per event without shedding, one full core takes {bk['events_per_bookkeeper_cpu_s']:,.0f}"
-            " events/s (an estimate: its CPU per event falls as reads carry more events)"
+            f"  at its CPU per event there, one full core takes {bk['events_per_bookkeeper_cpu_s']:,.0f} events/s"
+            " (an estimate: its CPU per event falls as reads carry more events)"
         )
     return lines
 

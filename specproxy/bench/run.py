@@ -64,6 +64,7 @@ class BenchConfig:
     cpus_client: frozenset[int] | None = None  # the clients' and the bench's own
     cpus_relays: frozenset[int] | None = None  # every relay's whole process tree
     cpus_bookkeeper: frozenset[int] | None = None  # specproxy's bookkeeping process, once started; None: as relays
+    relay_each: bool = False  # each of specproxy's relay processes on one CPU of cpus_relays, in turn
     burst: int = 0  # streams started at once (no stagger), paced, after the levels; 0: none
     burst_tokens: int = 20
     saturation_streams: int = 64
@@ -360,25 +361,34 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
                 workers.append(None)
         children = await asyncio.gather(*starts)  # all at once: startup is most of a short run's time
         rows += [Relay(name, c.url, c.pid, n) for name, c, n in zip(names, children, workers, strict=True)]
-        if cfg.cpus_bookkeeper:
+        if cfg.cpus_bookkeeper or (cfg.relay_each and cfg.cpus_relays):
             for r in rows:
                 if r.workers is not None:
-                    await _pin_bookkeeper(r, cfg.cpus_bookkeeper, notes)
+                    await _pin_roles(r, cfg, notes)
         yield rows
 
 
-async def _pin_bookkeeper(relay: Relay, cpus: frozenset[int], notes: list[str]) -> None:
-    """specproxy's bookkeeping process on CPUs of its own: found by the pid its status gives, once it answers."""
+async def _pin_roles(relay: Relay, cfg: BenchConfig, notes: list[str]) -> None:
+    """specproxy's bookkeeping process on CPUs of its own, and with ``relay_each`` each relay process on one CPU of
+    the relays', in turn: found by the pids its status gives, once every relay has reported."""
     for _ in range(100):
         st = await proxy_status(relay.url)
-        if st is not None and st.get("bookkeeping", {}).get("pid"):
-            try:
-                pin_process(int(st["bookkeeping"]["pid"]), cpus)
-            except OSError as e:
-                notes.append(f"{relay.name}: its bookkeeping process could not be pinned ({e})")
-            return
+        bk = st.get("bookkeeping", {}) if st is not None else {}
+        if bk.get("pid") and len(bk.get("relay_pids", ())) >= (relay.workers or 1):
+            break
         await asyncio.sleep(0.1)
-    notes.append(f"{relay.name}: no bookkeeping pid in its status: the bookkeeping runs on the relays' CPUs")
+    else:
+        notes.append(f"{relay.name}: its status never listed its processes: none of them pinned beyond --cpus-relays")
+        return
+    try:
+        if cfg.cpus_bookkeeper:
+            pin_process(int(bk["pid"]), cfg.cpus_bookkeeper)
+        if cfg.relay_each and cfg.cpus_relays:
+            cpus = sorted(cfg.cpus_relays)
+            for i, pid in enumerate(sorted(int(p) for p in bk["relay_pids"])):
+                pin_process(pid, frozenset({cpus[i % len(cpus)]}))
+    except OSError as e:
+        notes.append(f"{relay.name}: its processes could not be pinned ({e})")
 
 
 @contextlib.asynccontextmanager
@@ -437,47 +447,67 @@ def _sharing(cfg: BenchConfig) -> str:
         f"{cores} cores: {ups} on {on(cfg.cpus_upstream)}, {cls} and the bench on {on(cfg.cpus_client)}, every relay"
         f" (all its processes: specproxy's workers and bookkeeping) on {on(cfg.cpus_relays)}"
         + (f", specproxy's bookkeeping process on {on(cfg.cpus_bookkeeper)}" if cfg.cpus_bookkeeper else "")
+        + (", each specproxy relay process on one of those CPUs in turn" if cfg.relay_each and cfg.cpus_relays else "")
         + "; all relays stay up and idle while another is measured"
     )
 
 
+CEILING_MIN_SPAN_S = 1.0  # a shorter phase fits in the relays' buffers: it says nothing of a sustained rate
+LAG_S = 2.5  # the bookkeeping still working this long after the last event: it did not keep up
+
+
 def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Where the relays start shedding, from every phase of specproxy (paced levels, burst, saturation) by the event
-    rate relayed: the highest rate that shed nothing and the lowest that shed, with the bookkeeper's cores at each.
-    When none shed, the highest rate taken, and what one full core would take at its CPU per event there (an
-    estimate, not a reading)."""
+    """Where the bookkeeper stops keeping up, from every phase of specproxy (paced levels, burst, saturation) of at
+    least ``CEILING_MIN_SPAN_S``, by the event rate relayed: the highest rate it sustained (nothing shed, caught up
+    within ``LAG_S`` of the last event) and the lowest it did not (the relays shed, or it was still behind), with
+    its cores and CPU per event at each; and what one full core would take at its CPU per event at the highest
+    sustained rate (an estimate, not a reading)."""
     rows = sorted(
-        (r for r in phases if r.get("workers") is not None and r.get("shed_chunks") is not None and r["chunks_per_s"]),
+        (
+            r
+            for r in phases
+            if r.get("workers") is not None
+            and r.get("shed_chunks") is not None
+            and r["chunks_per_s"]
+            and r.get("span_s", 0.0) >= CEILING_MIN_SPAN_S
+        ),
         key=lambda r: r["chunks_per_s"],
     )
     if not rows:
         return None
-    first = next((r for r in rows if r["shed_chunks"] or r["shed_requests"]), None)
-    clean = [r for r in rows if not (r["shed_chunks"] or r["shed_requests"])]
-    last_clean = max(clean, key=lambda r: r["chunks_per_s"]) if clean else None
+
+    def behind(r: dict[str, Any]) -> str | None:
+        if r["shed_chunks"] or r["shed_requests"]:
+            return "shed"
+        return "lagging" if (r.get("settle_s") or 0.0) > LAG_S else None
+
+    first = next((r for r in rows if behind(r)), None)
+    kept = [r for r in rows if not behind(r)]
+    last = max(kept, key=lambda r: r["chunks_per_s"]) if kept else None
 
     def at(r: dict[str, Any] | None) -> dict[str, Any] | None:
         if r is None:
             return None
-        bk_ms = r["bookkeeping_cpu_ms_per_1000"]
         return {
             "relay": r["relay"],
             "workers": r["workers"],
+            "streams": r["streams"],
             "chunks_per_s": r["chunks_per_s"],
             "bookkeeping_cores": r["bookkeeping_cores"],
-            "bookkeeping_cpu_ms_per_1000": bk_ms,
+            "bookkeeping_cpu_ms_per_1000": r["bookkeeping_cpu_ms_per_1000"],
             "shed_chunks": r["shed_chunks"],
             "shed_requests": r["shed_requests"],
-            "streams": r["streams"],
+            "settle_s": r.get("settle_s"),
+            "behind": behind(r),
         }
 
     est = None
-    if last_clean is not None and last_clean["bookkeeping_cpu_ms_per_1000"]:
-        est = 1e6 / last_clean["bookkeeping_cpu_ms_per_1000"]  # events per CPU-second of the bookkeeper
+    if last is not None and last["bookkeeping_cpu_ms_per_1000"]:
+        est = 1e6 / last["bookkeeping_cpu_ms_per_1000"]  # events per CPU-second of the bookkeeper
     return {
-        "shedding": first is not None,
-        "last_without_shedding": at(last_clean),
-        "first_shedding": at(first),
+        "shedding": any(behind(r) == "shed" for r in rows),
+        "last_sustained": at(last),
+        "first_behind": at(first),
         "events_per_bookkeeper_cpu_s": est,
     }
 

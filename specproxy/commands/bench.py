@@ -69,6 +69,9 @@ def register(app: typer.Typer) -> None:
         cpus_bookkeeper: str | None = typer.Option(
             None, "--cpus-bookkeeper", help="CPUs for specproxy's bookkeeping process (default: the relays')."
         ),
+        relay_each: bool = typer.Option(
+            False, "--relay-each", help="Each specproxy relay process on one CPU of --cpus-relays, in turn."
+        ),
         burst: int = typer.Option(
             0, "--burst", help="Also this many streams started at once (paced): TTFT under a burst. 0: none."
         ),
@@ -98,6 +101,8 @@ def register(app: typer.Typer) -> None:
         }
         if rows is not None and len(rows) > 1 and hostile:
             raise typer.BadParameter("--hostile takes one --workers N, not a list")
+        if relay_each and pins["cpus_relays"] is None:
+            raise typer.BadParameter("--relay-each needs --cpus-relays")
         if burst < 0:
             raise typer.BadParameter(f"--burst takes streams (0: none), got {burst}")
         for name, value in (
@@ -131,6 +136,7 @@ def register(app: typer.Typer) -> None:
             upstreams=upstreams,
             upstream_batch=upstream_batch,
             burst=burst,
+            relay_each=relay_each,
             burst_tokens=burst_tokens,
             **pins,
             saturation_streams=saturation_streams,
