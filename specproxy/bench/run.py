@@ -446,7 +446,7 @@ def _sharing(cfg: BenchConfig) -> str:
     return (
         f"{cores} cores: {ups} on {on(cfg.cpus_upstream)}, {cls} and the bench on {on(cfg.cpus_client)}, every relay"
         f" (all its processes: specproxy's workers and bookkeeping) on {on(cfg.cpus_relays)}"
-        + (f", specproxy's bookkeeping process on {on(cfg.cpus_bookkeeper)}" if cfg.cpus_bookkeeper else "")
+        + (f", specproxy's bookkeeping process then moved to {on(cfg.cpus_bookkeeper)}" if cfg.cpus_bookkeeper else "")
         + (", each specproxy relay process on one of those CPUs in turn" if cfg.relay_each and cfg.cpus_relays else "")
         + "; all relays stay up and idle while another is measured"
     )
