@@ -3,6 +3,10 @@
 CPU and RSS are read for a process *tree* (the process and every live descendant; CPU also counts descendants that
 have ended and were waited for), so a relay made of several processes (specproxy's workers, nginx's master and
 workers) is measured whole.
+
+Each process can be started on a set of CPUs (``cpus``: its affinity is set in the child before it runs Python, so
+every process it starts later inherits it), so that the load and the relays under test do not take each other's
+cores.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import socket
 import sys
 import tempfile
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,70 @@ def tree_rss_bytes(root: int) -> int:
     return total
 
 
+class CpuListError(ValueError):
+    """A CPU list that cannot be used here; the message says why, in one line."""
+
+
+def available_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity, which a container or ``taskset`` may have narrowed)."""
+    return frozenset(os.sched_getaffinity(0))
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """``{0, 1, 2, 3, 8}`` as ``0-3,8``."""
+    out: list[str] = []
+    run: list[int] = []
+    for c in sorted(set(cpus)):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def parse_cpus(text: str, option: str = "--cpus", available: frozenset[int] | None = None) -> frozenset[int]:
+    """``0-3,8`` (``taskset -c``'s form) as a set of CPU numbers, each of which this process may run on."""
+    cpus: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if m is None:
+            raise CpuListError(f"{option} takes CPU numbers and ranges like 0-3,8, got {text!r}")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise CpuListError(f"{option}: the range {part} runs backwards")
+        cpus.update(range(lo, hi + 1))
+    have = available_cpus() if available is None else available
+    missing = cpus - have
+    if missing:
+        raise CpuListError(
+            f"{option}: CPU {format_cpus(missing)} not available to this process (available: {format_cpus(have)})"
+        )
+    return frozenset(cpus)
+
+
+def on_cpus(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that puts the child (and all it starts) on ``cpus``; None when not pinned."""
+    if not cpus:
+        return None
+    chosen = set(cpus)
+
+    def pin() -> None:
+        os.sched_setaffinity(0, chosen)
+
+    return pin
+
+
+def pin_process(pid: int, cpus: frozenset[int]) -> None:
+    """Put a running process, every thread of it, on ``cpus`` (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,10 +188,16 @@ async def _drain(stream: asyncio.StreamReader, log: deque[str]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def python_child(*args: str, url_on: str = "stderr", wait_s: float = 30.0) -> AsyncIterator[Child]:
-    """``python ARGS``; its URL is the first ``http://host:port`` it prints on ``url_on``."""
+async def python_child(
+    *args: str, url_on: str = "stderr", wait_s: float = 30.0, cpus: frozenset[int] | None = None
+) -> AsyncIterator[Child]:
+    """``python ARGS`` (on ``cpus``, when given); its URL is the first ``http://host:port`` it prints on ``url_on``."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        sys.executable,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        preexec_fn=on_cpus(cpus),
     )
     assert proc.stdout is not None and proc.stderr is not None
     log: deque[str] = deque(maxlen=20)
@@ -162,9 +236,13 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 async def spawn_client(
-    spec: str, flowing: asyncio.Event | None = None, module: str = "specproxy.bench.client"
+    spec: str,
+    flowing: asyncio.Event | None = None,
+    module: str = "specproxy.bench.client",
+    cpus: frozenset[int] | None = None,
 ) -> bytes:
-    """One client process; its JSON result. ``flowing`` is set once every stream has its first event."""
+    """One client process (on ``cpus``, when given); its JSON result. ``flowing`` is set once every stream has its
+    first event."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -172,6 +250,7 @@ async def spawn_client(
         spec,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        preexec_fn=on_cpus(cpus),
     )
     assert proc.stdout is not None and proc.stderr is not None
     log: deque[str] = deque(maxlen=5)
@@ -228,7 +307,9 @@ http {{
 
 
 @contextlib.asynccontextmanager
-async def nginx(binary: str, upstream_url: str, workers: int = 1) -> AsyncIterator[Child]:
+async def nginx(
+    binary: str, upstream_url: str, workers: int = 1, cpus: frozenset[int] | None = None
+) -> AsyncIterator[Child]:
     """nginx in the foreground as a child, with its own config, pid, logs and temp paths; on a free loopback port."""
     with tempfile.TemporaryDirectory(prefix="specproxy-bench-nginx-") as d:
         tmp = Path(d)
@@ -246,6 +327,7 @@ async def nginx(binary: str, upstream_url: str, workers: int = 1) -> AsyncIterat
             str(tmp / "error.log"),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            preexec_fn=on_cpus(cpus),
         )
         try:
             for _ in range(100):

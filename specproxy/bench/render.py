@@ -45,6 +45,50 @@ def _targets(result: dict[str, Any]) -> list[str]:
     return ["", "targets", *_table(["", "measured", "target", ""], rows)]
 
 
+def _relays_own(r: dict[str, Any]) -> tuple[float | None, float | None]:
+    """specproxy's relay processes alone where it names them, else the relay's whole tree."""
+    if r.get("relay_only_cores") is not None:
+        return r["relay_only_cores"], r.get("relay_only_cpu_ms_per_1000")
+    return r.get("relay_cores"), r.get("cpu_ms_per_1000")
+
+
+def _role(cores: float | None, ms: float | None) -> str:
+    return "-" if cores is None and ms is None else f"{_f(cores)} / {_f(ms, '{:.1f}')}"
+
+
+def _ceiling(bk: dict[str, Any] | None) -> list[str]:
+    """The bookkeeper's ceiling, in words: between which relayed rates it stopped keeping up."""
+    if not bk:
+        return []
+    kept, first = bk["last_sustained"], bk["first_behind"]
+
+    def at(r: dict[str, Any]) -> str:
+        return (
+            f"{r['chunks_per_s']:,.0f} events/s ({r['relay']}, {r['streams']} streams, bookkeeper at"
+            f" {_f(r['bookkeeping_cores'])} cores, {_f(r['bookkeeping_cpu_ms_per_1000'], '{:.1f}')} ms per 1,000"
+            " events)"
+        )
+
+    lines = [""]
+    if first is not None:
+        why = (
+            f"the relays shed {first['shed_chunks']} chunk events, {first['shed_requests']} of {first['streams']}"
+            " records flagged"
+            if first["behind"] == "shed"
+            else f"nothing shed, but it was still working {_f(first['settle_s'], '{:.1f}')} s after the last event"
+        )
+        lines.append(f"bookkeeper ceiling: it falls behind at {at(first)}: {why}")
+        lines.append(f"  highest rate it kept up with: {at(kept)}" if kept else "  it kept up with no phase measured")
+    else:
+        lines.append(f"bookkeeper ceiling: not reached; it kept up with {at(kept)}")
+    if bk.get("events_per_bookkeeper_cpu_s"):
+        lines.append(
+            f"  at its CPU per event there, one full core takes {bk['events_per_bookkeeper_cpu_s']:,.0f} events/s"
+            " (an estimate: its CPU per event falls as reads carry more events)"
+        )
+    return lines
+
+
 def render_levels(result: dict[str, Any]) -> str:
     cfg = result["config"]
     out = [
@@ -84,6 +128,26 @@ def render_levels(result: dict[str, Any]) -> str:
             for r in level["rows"]
         ]
         out += ["", f"{level['streams']} streams", *_table(header, rows)]
+    burst = result.get("burst") or []
+    if burst:
+        rows = [
+            [
+                r["relay"],
+                _counts(r),
+                _f(r["ttft_p50_ms"]),
+                _f(r.get("ttft_p99_ms")),
+                _f(r.get("ttft_added_ms"), signed=True) if r["relay"] != "direct" else "",
+                _f(r.get("ttft_added_p99_ms"), signed=True) if r["relay"] != "direct" else "",
+                _f(r.get("added_p50_ms"), "{:.3f}", True) if r["relay"] != "direct" else "",
+                _f(r.get("added_p99_ms"), "{:.3f}", True) if r["relay"] != "direct" else "",
+            ]
+            for r in burst
+        ]
+        out += [
+            "",
+            f"burst: {burst[0]['streams']} streams started at once, {result['config']['burst_tokens']} events each",
+            *_table(["", "events", "TTFT p50", "TTFT p99", "TTFT added", "added p99", "event added p50", "p99"], rows),
+        ]
     sat = result["saturation"]
     if sat:
         s0 = sat[0]
@@ -101,6 +165,31 @@ def render_levels(result: dict[str, Any]) -> str:
             ]
             for r in sat
         ]
+        scaling = [r for r in sat if r.get("workers") is not None]
+        if len(scaling) > 1 or any(r.get("upstream_cores") is not None for r in sat):
+            out += [
+                "",
+                "saturation by role: cores in use (CPU-seconds per second of the phase) and CPU ms per 1,000 events;"
+                " shed = chunk events the relays shed for the bookkeeping",
+                *_table(
+                    ["", "chunks/s", "vs 1", "upstream", "client", "relays", "bookkeeper", "shed", "shed reqs"],
+                    [
+                        [
+                            r["relay"],
+                            _f(r["chunks_per_s"], "{:,.0f}"),
+                            _f(r.get("vs_workers_1"), "{:.2f}x"),
+                            _role(r.get("upstream_cores"), r.get("upstream_cpu_ms_per_1000")),
+                            _role(r.get("client_cores"), r.get("client_cpu_ms_per_1000")),
+                            _role(*_relays_own(r)),
+                            _role(r.get("bookkeeping_cores"), r.get("bookkeeping_cpu_ms_per_1000")),
+                            _f(r.get("shed_chunks"), "{:d}"),
+                            _f(r.get("shed_requests"), "{:d}"),
+                        ]
+                        for r in sat
+                    ],
+                ),
+            ]
+        out += _ceiling(result.get("bookkeeper"))
         out += [
             "",
             f"saturation: {s0['streams']} streams, unpaced upstream (relay CPU: its whole process tree)",

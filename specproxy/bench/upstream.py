@@ -11,6 +11,11 @@ catch up); at rate 0 it writes as fast as each client reads (a static upstream, 
 - ``GET /metrics``: vLLM's speculative-decoding counters, moving with the events sent (so the proxy's bookkeeping
   attributes them as it would in front of vLLM); ``GET /metrics-big``: 12 MB of unrelated metrics.
 
+Several such processes can serve one port (``--reuse-port``, SO_REUSEPORT: the kernel spreads connections over them),
+so that the upstream is not what caps a relay of several processes. Their counters are then one engine's: each
+process publishes its own into its slot of a shared file (``--shared PATH --slot I --slots N``) every few
+milliseconds, and ``/metrics`` sums the slots.
+
 Each stream's first event is its prefill; every later one is a decode step that drafted :data:`K` tokens and brought
 1, 2, 1 or 3 tokens in turn (``"tok "`` repeated), so a quarter of the draft tokens are accepted.
 """
@@ -23,6 +28,8 @@ import contextlib
 import heapq
 import itertools
 import json
+import mmap
+import os
 import socket
 import struct
 import sys
@@ -54,6 +61,21 @@ class Counters:
         for i in range(tokens - 1):
             self.per_position[i] += 1
 
+    def values(self) -> list[int]:
+        return [
+            self.prefills,
+            self.steps,
+            self.drafts,
+            self.accepted,
+            self.generation,
+            self.running,
+            *self.per_position,
+        ]
+
+    def load(self, values: list[int]) -> None:
+        self.prefills, self.steps, self.drafts, self.accepted, self.generation, self.running = values[:6]
+        self.per_position = list(values[6 : 6 + K])
+
     def exposition(self) -> bytes:
         lab = 'engine="0",model_name="bench"'
         lines = [
@@ -78,6 +100,46 @@ class Counters:
             f"vllm:inter_token_latency_seconds_count{{{lab}}} {self.steps}.0",
         ]
         return ("\n".join(lines) + "\n").encode()
+
+
+_FIELDS = 6 + K
+_SLOT = struct.Struct(f"<{_FIELDS}q")
+
+
+class SharedCounters:
+    """The counters of several upstream processes on one port: each writes its own into its slot of ``path``; the
+    exposition is of their sum. A slot is one process's, so no write races another."""
+
+    def __init__(self, own: Counters, path: str, slot: int, slots: int) -> None:
+        if not 0 <= slot < slots:
+            raise ValueError(f"slot {slot} not in 0..{slots - 1}")
+        self.own, self.slot, self.slots = own, slot, slots
+        size = _SLOT.size * slots
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def publish(self) -> None:
+        _SLOT.pack_into(self._mm, self.slot * _SLOT.size, *self.own.values())
+
+    def total(self) -> Counters:
+        self.publish()
+        sums = [0] * _FIELDS
+        for i in range(self.slots):
+            for j, v in enumerate(_SLOT.unpack_from(self._mm, i * _SLOT.size)):
+                sums[j] += v
+        out = Counters()
+        out.load(sums)
+        return out
+
+    async def run(self, every_s: float = 0.005) -> None:
+        while True:
+            self.publish()
+            await asyncio.sleep(every_s)
 
 
 def big_metrics(size: int = 12 * 1024 * 1024) -> bytes:
@@ -107,10 +169,12 @@ def _reset(transport: asyncio.WriteTransport) -> None:
 
 
 class Pacer:
-    """Writes every stream's next event when it is due; one task for all streams."""
+    """Writes every stream's next event when it is due; one task for all streams. Unpaced streams get up to
+    ``batch`` events a write."""
 
-    def __init__(self, counters: Counters) -> None:
+    def __init__(self, counters: Counters, batch: int = 1) -> None:
         self.counters = counters
+        self.batch = batch
         self._heap: list[tuple[int, int, _Stream]] = []
         self._seq = itertools.count()
         self._wake = asyncio.Event()
@@ -125,6 +189,9 @@ class Pacer:
             return
         if s.period_ns == 0 and s.transport.get_write_buffer_size() > HIGH_WATER:
             self._push(s, now_ns() + 1_000_000)
+            return
+        if s.period_ns == 0 and self.batch > 1:
+            self._write_batch(s)
             return
         s.left -= 1
         t = now_ns()
@@ -143,6 +210,33 @@ class Pacer:
             s.transport.write(chunk(event(s.sid, t, finish=True, tokens=n)) + chunk(DONE) + LAST_CHUNK)
             if not s.done.done():
                 s.done.set_result(None)
+
+    def _write_batch(self, s: _Stream) -> None:
+        """Unpaced, up to ``batch`` events of one stream in one write: the same bytes, fewer system calls (a reader
+        that is behind reads them together anyway)."""
+        parts: list[bytes] = []
+        for _ in range(self.batch):
+            s.left -= 1
+            t = now_ns()
+            if s.left == s.reset_left:
+                if parts:
+                    s.transport.write(b"".join(parts))
+                _reset(s.transport)
+                if not s.done.done():
+                    s.done.set_result(None)
+                return
+            n = 1 if s.sent == 0 else _STEP_TOKENS[(s.sid + s.sent) % len(_STEP_TOKENS)]
+            self.counters.sent(s.sent == 0, n)
+            s.sent += 1
+            if s.left == 0:
+                parts += (chunk(event(s.sid, t, finish=True, tokens=n)), chunk(DONE), LAST_CHUNK)
+                s.transport.write(b"".join(parts))
+                if not s.done.done():
+                    s.done.set_result(None)
+                return
+            parts.append(chunk(event(s.sid, t, tokens=n)))
+        s.transport.write(b"".join(parts))
+        self._push(s, now_ns())
 
     def _push(self, s: _Stream, due: int) -> None:
         heapq.heappush(self._heap, (due, next(self._seq), s))
@@ -188,10 +282,11 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) 
 
 
 class Upstream:
-    def __init__(self, steps_per_s: float) -> None:
+    def __init__(self, steps_per_s: float, batch: int = 1) -> None:
         self.steps_per_s = steps_per_s
         self.counters = Counters()
-        self.pacer = Pacer(self.counters)
+        self.shared: SharedCounters | None = None
+        self.pacer = Pacer(self.counters, batch)
         self._ids = itertools.count()
         self._big: bytes | None = None
 
@@ -213,7 +308,8 @@ class Upstream:
                         self._big = self._big or big_metrics()
                         text = self._big
                     else:
-                        text = self.counters.exposition()
+                        seen = self.shared.total() if self.shared is not None else self.counters
+                        text = seen.exposition()
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n")
                     writer.write(b"content-length: %d\r\n\r\n" % len(text) + text)
                     await writer.drain()
@@ -251,25 +347,47 @@ class Upstream:
         await writer.drain()
 
 
-async def serve(port: int, steps_per_s: float) -> None:
-    up = Upstream(steps_per_s)
-    server = await asyncio.start_server(up.handle, "127.0.0.1", port, backlog=4096, limit=1 << 16)
-    pacer = asyncio.create_task(up.pacer.run())
+async def serve(
+    port: int,
+    steps_per_s: float,
+    reuse_port: bool = False,
+    shared: tuple[str, int, int] | None = None,
+    batch: int = 1,
+) -> None:
+    up = Upstream(steps_per_s, batch)
+    tasks = [asyncio.create_task(up.pacer.run())]
+    if shared is not None:
+        up.shared = SharedCounters(up.counters, *shared)
+        tasks.append(asyncio.create_task(up.shared.run()))
+    server = await asyncio.start_server(
+        up.handle, "127.0.0.1", port, backlog=4096, limit=1 << 16, reuse_port=reuse_port or None
+    )
     print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
-    pacer.cancel()
+    for t in tasks:
+        t.cancel()
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m specproxy.bench.upstream")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--steps-per-s", type=float, default=25.0, help="events per second per stream (0: unpaced)")
+    p.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT: other upstream processes share the port")
+    p.add_argument("--shared", metavar="PATH", help="a file the processes on one port sum their counters in")
+    p.add_argument("--slot", type=int, default=0, help="this process's slot in --shared")
+    p.add_argument("--slots", type=int, default=1, help="processes sharing --shared")
+    p.add_argument("--batch", type=int, default=1, help="events per write to an unpaced stream (at least 1)")
     a = p.parse_args(argv)
+    if a.batch < 1:
+        p.error(f"--batch must be at least 1, got {a.batch}")
+    if a.shared is not None and not 0 <= a.slot < a.slots:
+        p.error(f"--slot {a.slot} is not in 0..{a.slots - 1}")
     import uvloop
 
+    shared = (a.shared, a.slot, a.slots) if a.shared is not None else None
     with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(a.port, a.steps_per_s))
+        uvloop.run(serve(a.port, a.steps_per_s, a.reuse_port, shared, a.batch))
     sys.exit(0)
 
 

@@ -18,14 +18,64 @@ def _levels(value: str) -> tuple[int, ...]:
     return out
 
 
+def _workers(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        out = tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"--workers takes N or a list like 1,2,4,8, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise typer.BadParameter(f"--workers must be at least 1, got {value!r}")
+    return out
+
+
+def _cpus(option: str, value: str | None) -> frozenset[int] | None:
+    if value is None:
+        return None
+    from specproxy.bench.procs import CpuListError, parse_cpus
+
+    try:
+        return parse_cpus(value, option)
+    except CpuListError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 def register(app: typer.Typer) -> None:
     @command(app, "bench")
     def bench(
         streams: str = typer.Option("1,64,256,1024", "--streams", help="Stream levels, comma-separated."),
         tokens: int = typer.Option(150, "--tokens", help="Events per stream."),
         steps_per_s: float = typer.Option(25.0, "--steps-per-s", help="Events per second per stream upstream."),
-        workers: int | None = typer.Option(None, "--workers", help="N for the `specproxy proxy --workers N` row."),
+        workers: str | None = typer.Option(
+            None,
+            "--workers",
+            help="N for the `specproxy proxy --workers N` row beside --workers 1, or a list (1,2,4,8): a row each.",
+        ),
         clients: int = typer.Option(1, "--clients", help="Client processes the streams are spread over."),
+        upstreams: int = typer.Option(1, "--upstreams", help="Upstream processes on one port (SO_REUSEPORT)."),
+        upstream_batch: int = typer.Option(
+            1, "--upstream-batch", help="Events per upstream write at saturation (fewer system calls for the load)."
+        ),
+        cpus_upstream: str | None = typer.Option(
+            None, "--cpus-upstream", help="CPUs for the upstream processes, as taskset -c takes them (0-2)."
+        ),
+        cpus_client: str | None = typer.Option(
+            None, "--cpus-client", help="CPUs for the client processes and the bench itself (3-6)."
+        ),
+        cpus_relays: str | None = typer.Option(
+            None, "--cpus-relays", help="CPUs for every relay, all its processes (7-15)."
+        ),
+        cpus_bookkeeper: str | None = typer.Option(
+            None, "--cpus-bookkeeper", help="CPUs for specproxy's bookkeeping process (default: the relays')."
+        ),
+        relay_each: bool = typer.Option(
+            False, "--relay-each", help="Each specproxy relay process on one CPU of --cpus-relays, in turn."
+        ),
+        burst: int = typer.Option(
+            0, "--burst", help="Also this many streams started at once (paced): TTFT under a burst. 0: none."
+        ),
+        burst_tokens: int = typer.Option(20, "--burst-tokens", help="Events per stream of --burst."),
         saturation_streams: int = typer.Option(64, "--saturation-streams", help="Streams at saturation."),
         saturation_tokens: int = typer.Option(1000, "--saturation-tokens", help="Events per stream at saturation."),
         no_nginx: bool = typer.Option(False, "--no-nginx", help="Leave nginx out."),
@@ -42,17 +92,31 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Added per-event latency, TTFT, CPU and memory of specproxy and nginx against direct, in one run."""
         levels = _levels(streams)
+        rows = _workers(workers)
+        pins = {
+            "cpus_upstream": _cpus("--cpus-upstream", cpus_upstream),
+            "cpus_client": _cpus("--cpus-client", cpus_client),
+            "cpus_relays": _cpus("--cpus-relays", cpus_relays),
+            "cpus_bookkeeper": _cpus("--cpus-bookkeeper", cpus_bookkeeper),
+        }
+        if rows is not None and len(rows) > 1 and hostile:
+            raise typer.BadParameter("--hostile takes one --workers N, not a list")
+        if relay_each and pins["cpus_relays"] is None:
+            raise typer.BadParameter("--relay-each needs --cpus-relays")
+        if burst < 0:
+            raise typer.BadParameter(f"--burst takes streams (0: none), got {burst}")
         for name, value in (
             ("--tokens", tokens),
             ("--clients", clients),
+            ("--upstreams", upstreams),
+            ("--upstream-batch", upstream_batch),
+            ("--burst-tokens", burst_tokens),
             ("--saturation-streams", saturation_streams),
             ("--saturation-tokens", saturation_tokens),
             ("--hostile-streams", hostile_streams),
         ):
             if value < 1:
                 raise typer.BadParameter(f"{name} must be at least 1, got {value}")
-        if workers is not None and workers < 1:
-            raise typer.BadParameter(f"--workers must be at least 1, got {workers}")
         if steps_per_s <= 0:
             raise typer.BadParameter(f"--steps-per-s must be positive, got {steps_per_s}")
         if soak < 0 or soak_streams < 1:
@@ -66,8 +130,15 @@ def register(app: typer.Typer) -> None:
             streams=levels,
             tokens=tokens,
             steps_per_s=steps_per_s,
-            workers=workers,
+            workers=max(rows) if rows else None,
+            worker_rows=rows,
             clients=clients,
+            upstreams=upstreams,
+            upstream_batch=upstream_batch,
+            burst=burst,
+            relay_each=relay_each,
+            burst_tokens=burst_tokens,
+            **pins,
             saturation_streams=saturation_streams,
             saturation_tokens=saturation_tokens,
             use_nginx=not no_nginx,
