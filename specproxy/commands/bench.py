@@ -82,6 +82,12 @@ def register(app: typer.Typer) -> None:
         floors: bool = typer.Option(
             False, "--floors", help="Add two reference relays: a uvloop TCP splice and an aiohttp pass-through."
         ),
+        observer: bool = typer.Option(
+            False,
+            "--observer",
+            help="Measure what scraping /metrics costs the engine instead (TTFT with it on and off, interleaved). "
+            "For a real engine: python -m specproxy.bench.observer --upstream URL.",
+        ),
         hostile: bool = typer.Option(False, "--hostile", help="Measure the hostile inputs instead."),
         soak: float = typer.Option(
             0.0, "--soak", help="Seconds of streams with cancels and resets instead: is memory flat? (600: 10 min)"
@@ -148,7 +154,13 @@ def register(app: typer.Typer) -> None:
         from specproxy.bench.procs import StartError
 
         try:
-            if soak:
+            if observer:
+                from specproxy.bench.observer import main as observer_main
+
+                rc = observer_main(["--format", fmt])
+                if rc:
+                    raise CommandError("bench: the observer measurement failed", EXIT_FAILURE)
+            elif soak:
                 from specproxy.bench.soak import SoakConfig, render_soak, run_soak
 
                 soaked = run_async(run_soak(SoakConfig(seconds=soak, streams=soak_streams, steps_per_s=steps_per_s)))
