@@ -17,9 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from specproxy.bench.config import BenchConfig
 from specproxy.bench.procs import CpuListError, available_cpus, format_cpus, on_cpus, parse_cpus, python_child
-from specproxy.bench.run import BenchConfig, bookkeeper_ceiling, targets, worker_rows
+from specproxy.bench.run import worker_rows
 from specproxy.bench.upstream import Counters, SharedCounters
+from specproxy.bench.verdicts import bookkeeper_ceiling, targets
 from specproxy.bench.wire import StampScan
 from specproxy.core.prom import detect_engine, parse_snapshot, spec_counters
 

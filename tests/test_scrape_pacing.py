@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from specproxy.recorder.scraper import PER_REQUEST_RUN
 from tests.proxyutil import running_proxy
 from tests.simutil import running_sim
 
@@ -134,20 +135,21 @@ async def test_one_request_alone_gets_no_periodic_scrape(tmp_path: Path) -> None
     assert rec["outcome"] == "ok"
 
 
-async def test_engine_figures_mean_no_closing_scrapes_and_status_catches_up(tmp_path: Path) -> None:
-    """With vLLM's per-request figures on every response the counters are not needed to attribute: fewer scrapes
-    than the same requests without them, and the status still ends up current."""
+async def test_engine_figures_slow_the_periodic_scrape_and_keep_the_cross_check(tmp_path: Path) -> None:
+    """With vLLM's per-request figures on every response the counters are not needed to attribute: overlapping
+    requests get fewer scrapes than the same requests without them, every record still has the counter estimate
+    beside the engine's figures (its closing scrape), and the status ends up current."""
     body = {
         "model": "sim-model",
         "messages": [{"role": "user", "content": "def f(x):"}],
-        "max_tokens": 24,
+        "stream": True,
         "stream_options": {"include_usage": True},  # vLLM sends its per-request figures on the usage chunk
     }
     counts = {}
     for detail in (None, "detailed"):
         (tmp_path / str(detail)).mkdir()
         async with (
-            running_sim(speed=20.0, per_request_spec_metrics=detail) as sim,
+            running_sim(speed=1.0, per_request_spec_metrics=detail) as sim,
             running_proxy(sim.url, tmp_path / str(detail), rec_calibration_hold_s=0.0) as px,
             aiohttp.ClientSession() as s,
         ):
@@ -156,20 +158,28 @@ async def test_engine_figures_mean_no_closing_scrapes_and_status_catches_up(tmp_
                 if scraper.state.ok:
                     break
                 await asyncio.sleep(0.01)
-            for _ in range(8):
-                async with s.post(px.url + "/v1/chat/completions", json={**body, "stream": True}) as r:
+
+            async def one(tokens: int) -> None:
+                async with s.post(px.url + "/v1/chat/completions", json={**body, "max_tokens": tokens}) as r:
                     await r.read()
+
+            for _ in range(PER_REQUEST_RUN):  # alone: what tells the proxy the engine gives its figures
+                await one(8)
+            # overlapping, a second or more each in the simulator's real time: periodic scrapes part them
+            await asyncio.gather(*(one(240) for _ in range(4)))
             await px.flush()
             counts[detail] = scraper.state.ok
             assert scraper.per_request_figures == (detail is not None)
             recs = px.records()
-            assert len(recs) == 8 and all((r["spec"]["source"] == "server") == bool(detail) for r in recs)
-            if detail:  # no closing scrapes: once the engine is quiet, one brings its totals into the status
-                total = sum(r["spec"]["accepted"] for r in recs)
-                for _ in range(1000):
-                    if px.recorder.status()["engine"]["accepted"] == total:
-                        break
-                    await asyncio.sleep(0.01)
-                assert px.recorder.status()["engine"]["accepted"] == total
-                assert px.recorder.status()["engine"]["per_request_figures"] is True
+            assert len(recs) == PER_REQUEST_RUN + 4
+            assert all((r["spec"]["source"] == "server") == bool(detail) for r in recs)
+            assert all(r["spec"]["estimates"]["counters"] is not None for r in recs), [r["spec"] for r in recs]
+            total = sum(r["spec"]["accepted"] for r in recs)
+            for _ in range(1000):  # shares of the counters are rounded in the records
+                if abs(px.recorder.status()["engine"]["accepted"] - total) < 0.01:
+                    break
+                await asyncio.sleep(0.01)
+            status = px.recorder.status()
+            assert abs(status["engine"]["accepted"] - total) < 0.01, (status, total)
+            assert status["engine"]["per_request_figures"] is bool(detail)
     assert counts["detailed"] < counts[None], counts

@@ -22,8 +22,10 @@ from typing import Any
 
 import aiohttp
 
+from specproxy.bench.config import BenchConfig
 from specproxy.bench.procs import Child, StartError, client_result, python_child, spawn_client, tree_rss_bytes
-from specproxy.bench.run import BenchConfig, proxy_has_workers, raise_nofile
+from specproxy.bench.roles import proxy_has_workers
+from specproxy.bench.run import raise_nofile
 
 GAP_LIMIT_MS = 50.0
 RSS_LIMIT_MB = 400.0

@@ -21,73 +21,31 @@ import contextlib
 import json
 import os
 import resource
-import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from specproxy.bench.config import BenchConfig, Load, Relay
 from specproxy.bench.procs import (
     Child,
     client_result,
     format_cpus,
     nginx,
     nginx_path,
-    pin_process,
     python_child,
     spawn_client,
     tree_cpu_by_role,
     tree_cpu_s,
     tree_rss_bytes,
 )
+from specproxy.bench.roles import pin_roles, proxy_has_workers, proxy_status, settled_status, sharing, shed_delta
+from specproxy.bench.verdicts import bookkeeper_ceiling, targets
 from specproxy.bench.wire import now_ns
 from specproxy.core.stats import percentile
-from specproxy.proxy.link import STATS_INTERVAL_S
 
 SATURATED_MS = 5.0  # direct's own p50 transit past this: the load, not the relay, sets the figures
 CLIENT_FLOOR = 20_000  # chunks/s one client process must take, or the bench measures itself
-
-
-@dataclass(frozen=True, slots=True)
-class BenchConfig:
-    streams: tuple[int, ...] = (1, 64, 256, 1024)
-    tokens: int = 150
-    steps_per_s: float = 25.0
-    workers: int | None = None  # N for the `--workers N` row; None: one per core when the proxy has the option
-    worker_rows: tuple[int, ...] | None = None  # every N with a row (1 first); None: 1 and `workers`
-    clients: int = 1
-    upstreams: int = 1  # upstream processes on one port
-    upstream_batch: int = 1  # events per upstream write at saturation (1: one event, one write)
-    cpus_upstream: frozenset[int] | None = None  # None: not pinned
-    cpus_client: frozenset[int] | None = None  # the clients' and the bench's own
-    cpus_relays: frozenset[int] | None = None  # every relay's whole process tree
-    cpus_bookkeeper: frozenset[int] | None = None  # specproxy's bookkeeping process, once started; None: as relays
-    relay_each: bool = False  # each of specproxy's relay processes on one CPU of cpus_relays, in turn
-    burst: int = 0  # streams started at once (no stagger), paced, after the levels; 0: none
-    burst_tokens: int = 20
-    saturation_streams: int = 64
-    saturation_tokens: int = 1000
-    use_nginx: bool = True
-    hostile_streams: int = 64
-    floors: bool = False  # also the two reference relays of bench/floors.py (uvloop TCP splice, aiohttp pass-through)
-
-
-@dataclass(frozen=True, slots=True)
-class Relay:
-    name: str
-    url: str
-    pid: int | None  # None: direct, no relay process
-    workers: int | None = None  # specproxy's --workers N; None: not specproxy with --workers
-
-
-@dataclass(frozen=True, slots=True)
-class Load:
-    """The processes that make the load: the upstream's (CPU read per phase) and where clients run."""
-
-    upstream_pids: tuple[int, ...]
-    cpus_client: frozenset[int] | None = None
 
 
 def raise_nofile() -> None:
@@ -97,67 +55,8 @@ def raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def proxy_has_workers() -> bool:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "specproxy",
-        "proxy",
-        "--help",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    out, _ = await proc.communicate()
-    return b"--workers" in out
-
-
 def _ms(us: float | None) -> float | None:
     return None if us is None else us / 1000.0
-
-
-async def proxy_status(url: str) -> dict[str, Any] | None:
-    """specproxy's ``/specproxy/status``; None when it does not answer (another relay, or a broken proxy)."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s,
-            s.get(url + "/specproxy/status") as r,
-        ):
-            if r.status != 200:
-                return None
-            doc = await r.json()
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-async def settled_status(url: str, wait_s: float = 20.0) -> dict[str, Any] | None:
-    """The proxy's status once its relays have held nothing for the bookkeeping twice in a row (or ``wait_s`` has
-    passed): then the bookkeeper has read the phase's events. The relays report every ``STATS_INTERVAL_S``, so each
-    read comes one report after the last."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + wait_s
-    calm = 0
-    while True:
-        await asyncio.sleep(STATS_INTERVAL_S + 0.05)
-        st = await proxy_status(url)
-        if st is None:
-            return None
-        bk = st["bookkeeping"]
-        calm = calm + 1 if not bk.get("backlog_bytes") and not bk.get("relay_in_flight") else 0
-        if calm >= 2 or loop.time() > end:
-            return st
-
-
-def _shed_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
-    if before is None or after is None:
-        return {"shed_chunks": None, "shed_requests": None, "lost_records": None}
-    b, a = before["bookkeeping"], after["bookkeeping"]
-    return {
-        "shed_chunks": int(a["shed"].get("chunk", 0)) - int(b["shed"].get("chunk", 0)),
-        "shed_requests": int(a["shed_requests"]) - int(b["shed_requests"]),
-        "lost_records": int(a["lost_records"]) - int(b["lost_records"]),
-    }
 
 
 def _cpu_of(pids: tuple[int, ...]) -> float:
@@ -275,7 +174,7 @@ async def measure(
         else None,
         "settle_s": settle_s,
         "other_cpu_ms_per_1000": per_1000(roles["other"]) if relay_cpu is not None else None,
-        **_shed_delta(status0, status1),
+        **shed_delta(status0, status1),
         "relay_cpu_s": cpu,
         "cpu_ms_per_1000": cpu * 1e6 / events if cpu is not None and events else None,
         "chunks_per_cpu_s": events / cpu if cpu else None,
@@ -364,31 +263,8 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
         if cfg.cpus_bookkeeper or (cfg.relay_each and cfg.cpus_relays):
             for r in rows:
                 if r.workers is not None:
-                    await _pin_roles(r, cfg, notes)
+                    await pin_roles(r, cfg, notes)
         yield rows
-
-
-async def _pin_roles(relay: Relay, cfg: BenchConfig, notes: list[str]) -> None:
-    """specproxy's bookkeeping process on CPUs of its own, and with ``relay_each`` each relay process on one CPU of
-    the relays', in turn: found by the pids its status gives, once every relay has reported."""
-    for _ in range(100):
-        st = await proxy_status(relay.url)
-        bk = st.get("bookkeeping", {}) if st is not None else {}
-        if bk.get("pid") and len(bk.get("relay_pids", ())) >= (relay.workers or 1):
-            break
-        await asyncio.sleep(0.1)
-    else:
-        notes.append(f"{relay.name}: its status never listed its processes: none of them pinned beyond --cpus-relays")
-        return
-    try:
-        if cfg.cpus_bookkeeper:
-            pin_process(int(bk["pid"]), cfg.cpus_bookkeeper)
-        if cfg.relay_each and cfg.cpus_relays:
-            cpus = sorted(cfg.cpus_relays)
-            for i, pid in enumerate(sorted(int(p) for p in bk["relay_pids"])):
-                pin_process(pid, frozenset({cpus[i % len(cpus)]}))
-    except OSError as e:
-        notes.append(f"{relay.name}: its processes could not be pinned ({e})")
 
 
 @contextlib.asynccontextmanager
@@ -428,88 +304,6 @@ async def upstreams(cfg: BenchConfig, tmp: Path) -> Any:
             )
         )
         yield first, (first.pid, *(c.pid for c in rest))
-
-
-def _sharing(cfg: BenchConfig) -> str:
-    cores = os.cpu_count()
-    ups = f"the upstream ({cfg.upstreams} process{'es' if cfg.upstreams > 1 else ''})"
-    cls = f"the client ({cfg.clients} process(es))"
-    if not (cfg.cpus_upstream or cfg.cpus_client or cfg.cpus_relays or cfg.cpus_bookkeeper):
-        return (
-            f"{cores} cores shared by {ups}, {cls} and the relay under test (specproxy: its workers and bookkeeping;"
-            " nginx: 1 master + 1 worker); all relays stay up and idle while another is measured; nothing is pinned"
-        )
-
-    def on(cpus: frozenset[int] | None) -> str:
-        return f"CPU{'s' if len(cpus) > 1 else ''} {format_cpus(cpus)}" if cpus else "any CPU"
-
-    return (
-        f"{cores} cores: {ups} on {on(cfg.cpus_upstream)}, {cls} and the bench on {on(cfg.cpus_client)}, every relay"
-        f" (all its processes: specproxy's workers and bookkeeping) on {on(cfg.cpus_relays)}"
-        + (f", specproxy's bookkeeping process then moved to {on(cfg.cpus_bookkeeper)}" if cfg.cpus_bookkeeper else "")
-        + (", each specproxy relay process on one of those CPUs in turn" if cfg.relay_each and cfg.cpus_relays else "")
-        + "; all relays stay up and idle while another is measured"
-    )
-
-
-CEILING_MIN_SPAN_S = 1.0  # a shorter phase fits in the relays' buffers: it says nothing of a sustained rate
-LAG_S = 2.5  # the bookkeeping still working this long after the last event: it did not keep up
-
-
-def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Where the bookkeeper stops keeping up, from every phase of specproxy (paced levels, burst, saturation) of at
-    least ``CEILING_MIN_SPAN_S``, by the event rate relayed: the highest rate it sustained (nothing shed, caught up
-    within ``LAG_S`` of the last event) and the lowest it did not (the relays shed, or it was still behind), with
-    its cores and CPU per event at each; and what one full core would take at its CPU per event at the highest
-    sustained rate (an estimate, not a reading)."""
-    rows = sorted(
-        (
-            r
-            for r in phases
-            if r.get("workers") is not None
-            and r.get("shed_chunks") is not None
-            and r["chunks_per_s"]
-            and r.get("span_s", 0.0) >= CEILING_MIN_SPAN_S
-        ),
-        key=lambda r: r["chunks_per_s"],
-    )
-    if not rows:
-        return None
-
-    def behind(r: dict[str, Any]) -> str | None:
-        if r["shed_chunks"] or r["shed_requests"]:
-            return "shed"
-        return "lagging" if (r.get("settle_s") or 0.0) > LAG_S else None
-
-    first = next((r for r in rows if behind(r)), None)
-    kept = [r for r in rows if not behind(r)]
-    last = max(kept, key=lambda r: r["chunks_per_s"]) if kept else None
-
-    def at(r: dict[str, Any] | None) -> dict[str, Any] | None:
-        if r is None:
-            return None
-        return {
-            "relay": r["relay"],
-            "workers": r["workers"],
-            "streams": r["streams"],
-            "chunks_per_s": r["chunks_per_s"],
-            "bookkeeping_cores": r["bookkeeping_cores"],
-            "bookkeeping_cpu_ms_per_1000": r["bookkeeping_cpu_ms_per_1000"],
-            "shed_chunks": r["shed_chunks"],
-            "shed_requests": r["shed_requests"],
-            "settle_s": r.get("settle_s"),
-            "behind": behind(r),
-        }
-
-    est = None
-    if last is not None and last["bookkeeping_cpu_ms_per_1000"]:
-        est = 1e6 / last["bookkeeping_cpu_ms_per_1000"]  # events per CPU-second of the bookkeeper
-    return {
-        "shedding": any(behind(r) == "shed" for r in rows),
-        "last_sustained": at(last),
-        "first_behind": at(first),
-        "events_per_bookkeeper_cpu_s": est,
-    }
 
 
 async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
@@ -579,7 +373,7 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
     return {
         "config": {**asdict(cfg), **{k: sorted(v) if v else None for k, v in _cpu_fields(cfg).items()}},
         "cores": os.cpu_count(),
-        "sharing": _sharing(cfg),
+        "sharing": sharing(cfg),
         "notes": notes,
         "client_capacity": {
             "chunks_per_s_per_process": cap,
@@ -601,48 +395,3 @@ def _cpu_fields(cfg: BenchConfig) -> dict[str, frozenset[int] | None]:
         "cpus_relays": cfg.cpus_relays,
         "cpus_bookkeeper": cfg.cpus_bookkeeper,
     }
-
-
-SCALING_TARGETS = {2: 1.8, 4: 3.5}  # --workers N: at least this many times --workers 1's chunks/s at saturation
-
-
-def targets(levels: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The task's targets, each with the measured value and pass or fail."""
-    out: list[dict[str, Any]] = []
-
-    def add(name: str, value: float | None, limit: float, higher_is_better: bool = False) -> None:
-        ok = value is not None and (value >= limit if higher_is_better else value <= limit)
-        out.append({"target": name, "value": value, "limit": limit, "pass": ok})
-
-    spec = [r for r in saturation if r["relay"].startswith("specproxy")]
-    for level in levels:
-        for row in level["rows"]:
-            if not row["relay"].startswith("specproxy"):
-                continue
-            if level["streams"] == 256:
-                add(f"{row['relay']}: added p50 at 256 streams (ms)", row["added_p50_ms"], 0.3)
-                add(f"{row['relay']}: added p99 at 256 streams (ms)", row["added_p99_ms"], 2.0)
-            if level is levels[-1] and level["streams"] >= 64:
-                add(
-                    f"{row['relay']}: memory per stream at {level['streams']} streams (KiB)",
-                    row["mem_per_stream_kib"],
-                    64.0,
-                )
-    if spec and spec[0].get("cpu_vs_nginx") is not None:
-        add(f"{spec[0]['relay']}: CPU per chunk / nginx's (all processes)", spec[0]["cpu_vs_nginx"], 1.0)
-    if spec and spec[0].get("relay_only_vs_nginx") is not None:
-        add(f"{spec[0]['relay']}: CPU per chunk / nginx's (the relay process)", spec[0]["relay_only_vs_nginx"], 1.0)
-    one = next((r for r in spec if r.get("workers") == 1), None)
-    for row in spec:
-        n = row.get("workers")
-        if one is None or n is None or n == 1 or not one["chunks_per_s"] or row["chunks_per_s"] is None:
-            continue
-        limit = SCALING_TARGETS.get(n, 1.8 if len(spec) == 2 else None)  # one N beside 1: the 1.8x of two workers
-        if limit is not None:
-            add(
-                f"{row['relay']} / --workers 1: chunks/s at saturation",
-                row["chunks_per_s"] / one["chunks_per_s"],
-                limit,
-                higher_is_better=True,
-            )
-    return out

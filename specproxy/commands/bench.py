@@ -129,8 +129,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--soak takes seconds (0: off) and --soak-streams at least 1")
         if fmt not in ("table", "json"):
             raise typer.BadParameter(f"--format must be table or json, got {fmt!r}")
+        from specproxy.bench.config import BenchConfig
         from specproxy.bench.render import as_json, render_hostile, render_levels
-        from specproxy.bench.run import BenchConfig
 
         cfg = BenchConfig(
             streams=levels,

@@ -6,6 +6,9 @@ objects. Every record carries ``schema_version``; readers accept every older ver
 :func:`as_record` gives every field its type (a value of the wrong type in a hand-edited or foreign file reads as
 missing), so readers use the fields as typed. Pure: :func:`parse_line` takes bytes; the thin file reading is
 :func:`read_records`.
+
+One module: the types, the upgrade chain and the typed reader change together with every schema version; apart,
+a field added to one and not the others is the drift this layout prevents.
 """
 
 from __future__ import annotations

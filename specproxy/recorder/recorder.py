@@ -2,6 +2,10 @@
 engine's counter deltas among overlapping requests, picks the best acceptance figure per request and writes one record
 each. In the proxy it runs in the bookkeeper (:mod:`specproxy.proxy.bookkeeper`), off the relays' loops: per upstream
 read, :meth:`specproxy.recorder.trace.Trace.feed`; the rest (closing scrape, record, own metrics) in a task.
+
+One module: a request's life from begin to its written record, with the status that counts it, is one object's
+state (in flight, pending scrapes, the calibration, the sink); its pure parts are elsewhere (attribution/,
+core/timeline.py, core/record.py).
 """
 
 from __future__ import annotations
@@ -151,7 +155,7 @@ class Recorder:
         try:
             own = trace.timeline is not None and trace.timeline.server_spec is not None
             self.scraper.request_figures(own)
-            if self.scraper.enabled and trace.token_chunks > 1 and not own:
+            if self.scraper.enabled and trace.token_chunks > 1:
                 # wait for the scrapes that cover every chunk of this request (a delta whose chunks were still
                 # on their way is settled by the next scrape)
                 deadline, give_up = time.monotonic() + self.config.finalize_wait_s, self.config.scrape_failures_wait

@@ -20,8 +20,10 @@ renders ``/metrics`` on its event loop), so measuring must not land on what is m
   shares its delta as exactly as an earlier one.
 - **Seldom where the engine gives the figures itself.** Once the last :data:`PER_REQUEST_RUN` requests all carried
   the engine's own per-request speculative figures (vLLM's ``metrics.speculative_decoding``), the counters are not
-  needed to attribute: the periodic scrape slows to :data:`SLOW_INTERVAL_S` (for status and the engine's totals)
-  and a finished request asks for no closing scrape. One request without them brings the usual pace back.
+  needed to attribute: the periodic scrape slows to :data:`SLOW_INTERVAL_S` (for status and the engine's totals).
+  Closing scrapes stay: they cost one render per burst of ends (coalesced, never during a prefill), and they keep
+  the counter estimate beside the engine's figures, the cross-check that shows a counter-only engine's attribution
+  is right. One request without the figures brings the usual pace back.
 - **Status brought up to date when the engine is quiet**: once no request has been in flight for :data:`QUIET_S`,
   one scrape reads what the last requests left (queue gauges, totals), not sooner, so that it does not meet the next
   request of a closed loop.

@@ -1,0 +1,111 @@
+"""What a bench run's figures conclude: the task's targets, each passed or failed, and the bookkeeper's ceiling (the
+event rate at which the relays start shedding). Pure: the run's rows in, verdicts out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+CEILING_MIN_SPAN_S = 1.0  # a shorter phase fits in the relays' buffers: it says nothing of a sustained rate
+
+LAG_S = 2.5  # the bookkeeping still working this long after the last event: it did not keep up
+
+
+def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where the bookkeeper stops keeping up, from every phase of specproxy (paced levels, burst, saturation) of at
+    least ``CEILING_MIN_SPAN_S``, by the event rate relayed: the highest rate it sustained (nothing shed, caught up
+    within ``LAG_S`` of the last event) and the lowest it did not (the relays shed, or it was still behind), with
+    its cores and CPU per event at each; and what one full core would take at its CPU per event at the highest
+    sustained rate (an estimate, not a reading)."""
+    rows = sorted(
+        (
+            r
+            for r in phases
+            if r.get("workers") is not None
+            and r.get("shed_chunks") is not None
+            and r["chunks_per_s"]
+            and r.get("span_s", 0.0) >= CEILING_MIN_SPAN_S
+        ),
+        key=lambda r: r["chunks_per_s"],
+    )
+    if not rows:
+        return None
+
+    def behind(r: dict[str, Any]) -> str | None:
+        if r["shed_chunks"] or r["shed_requests"]:
+            return "shed"
+        return "lagging" if (r.get("settle_s") or 0.0) > LAG_S else None
+
+    first = next((r for r in rows if behind(r)), None)
+    kept = [r for r in rows if not behind(r)]
+    last = max(kept, key=lambda r: r["chunks_per_s"]) if kept else None
+
+    def at(r: dict[str, Any] | None) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        return {
+            "relay": r["relay"],
+            "workers": r["workers"],
+            "streams": r["streams"],
+            "chunks_per_s": r["chunks_per_s"],
+            "bookkeeping_cores": r["bookkeeping_cores"],
+            "bookkeeping_cpu_ms_per_1000": r["bookkeeping_cpu_ms_per_1000"],
+            "shed_chunks": r["shed_chunks"],
+            "shed_requests": r["shed_requests"],
+            "settle_s": r.get("settle_s"),
+            "behind": behind(r),
+        }
+
+    est = None
+    if last is not None and last["bookkeeping_cpu_ms_per_1000"]:
+        est = 1e6 / last["bookkeeping_cpu_ms_per_1000"]  # events per CPU-second of the bookkeeper
+    return {
+        "shedding": any(behind(r) == "shed" for r in rows),
+        "last_sustained": at(last),
+        "first_behind": at(first),
+        "events_per_bookkeeper_cpu_s": est,
+    }
+
+
+SCALING_TARGETS = {2: 1.8, 4: 3.5}  # --workers N: at least this many times --workers 1's chunks/s at saturation
+
+
+def targets(levels: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The task's targets, each with the measured value and pass or fail."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, value: float | None, limit: float, higher_is_better: bool = False) -> None:
+        ok = value is not None and (value >= limit if higher_is_better else value <= limit)
+        out.append({"target": name, "value": value, "limit": limit, "pass": ok})
+
+    spec = [r for r in saturation if r["relay"].startswith("specproxy")]
+    for level in levels:
+        for row in level["rows"]:
+            if not row["relay"].startswith("specproxy"):
+                continue
+            if level["streams"] == 256:
+                add(f"{row['relay']}: added p50 at 256 streams (ms)", row["added_p50_ms"], 0.3)
+                add(f"{row['relay']}: added p99 at 256 streams (ms)", row["added_p99_ms"], 2.0)
+            if level is levels[-1] and level["streams"] >= 64:
+                add(
+                    f"{row['relay']}: memory per stream at {level['streams']} streams (KiB)",
+                    row["mem_per_stream_kib"],
+                    64.0,
+                )
+    if spec and spec[0].get("cpu_vs_nginx") is not None:
+        add(f"{spec[0]['relay']}: CPU per chunk / nginx's (all processes)", spec[0]["cpu_vs_nginx"], 1.0)
+    if spec and spec[0].get("relay_only_vs_nginx") is not None:
+        add(f"{spec[0]['relay']}: CPU per chunk / nginx's (the relay process)", spec[0]["relay_only_vs_nginx"], 1.0)
+    one = next((r for r in spec if r.get("workers") == 1), None)
+    for row in spec:
+        n = row.get("workers")
+        if one is None or n is None or n == 1 or not one["chunks_per_s"] or row["chunks_per_s"] is None:
+            continue
+        limit = SCALING_TARGETS.get(n, 1.8 if len(spec) == 2 else None)  # one N beside 1: the 1.8x of two workers
+        if limit is not None:
+            add(
+                f"{row['relay']} / --workers 1: chunks/s at saturation",
+                row["chunks_per_s"] / one["chunks_per_s"],
+                limit,
+                higher_is_better=True,
+            )
+    return out
