@@ -1,19 +1,26 @@
 """Per-workload acceptance from counters alone through ``specproxy proxy --workers N``, against the simulator's truth.
 
     python -m tests.workers_accuracy --workers 8 --concurrency 64 --requests 240 --seed 7
+    python -m tests.workers_accuracy --workers 2 --concurrency 32 --spin 3      # a busy host: 3 spinning processes
 
 The run of ``tests/test_proxy_workers.py``'s two-relay test at any N and concurrency: the simulator and the proxy each
 in their own process, mixed ja_chat / code_agent requests without usage (so acceptance comes from the engine's
 counters alone), each on a connection of its own so that the kernel spreads them over the relays. Prints, per
-workload, the acceptance the records give and the simulator's, and how many requests each relay served.
+workload, the acceptance the records give and the simulator's, and how many requests each relay served. With
+``--spin N``, N processes spin (``while 1: pass``) for the whole run, as other work on a production host does, and
+the machine's runnable processes (median over the run) are printed with the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,9 +50,33 @@ async def _ready(s: aiohttp.ClientSession, url: str, relays: int) -> None:
     raise RuntimeError(f"the proxy never had {relays} relays and a scrape: {st['bookkeeping']}")
 
 
-async def run(workers: int, concurrency: int, requests: int, seed: int, k: int = 3) -> dict[str, Any]:
+def runnable() -> int:
+    """Processes running or ready to run on the machine now (the kernel's count in /proc/loadavg)."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0])
+
+
+async def _sample_runnable(into: list[int]) -> None:
+    while True:
+        into.append(runnable())
+        await asyncio.sleep(0.2)
+
+
+@contextlib.contextmanager
+def spinning(n: int) -> Any:
+    """``n`` processes that keep a core busy each, until the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+async def run(workers: int, concurrency: int, requests: int, seed: int, k: int = 3, spin: int = 0) -> dict[str, Any]:
     plan = _mixed_plan(requests, seed)
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, spinning(spin):
         record = Path(d) / "r.jsonl"
         async with sim_process("--seed", str(seed)) as sim_url, aiohttp.ClientSession() as s:
             async with proxy_process(sim_url, record, "--workers", str(workers), "--k", str(k)) as (url, proc_):
@@ -64,8 +95,12 @@ async def run(workers: int, concurrency: int, requests: int, seed: int, k: int =
                             return r.headers["X-Specproxy-Request-Id"]
 
                 t0 = time.monotonic()
+                samples: list[int] = []
+                sampler = asyncio.create_task(_sample_runnable(samples))
                 ids = await asyncio.gather(*(one(w, p) for w, p in plan))
+                sampler.cancel()
                 wall = time.monotonic() - t0
+                load = sorted(samples)[len(samples) // 2] if samples else runnable()
                 st = await _status(s, url)
                 served = [int(r["requests"]) for r in st["bookkeeping"]["per_relay"]]
                 proc.send_signal(signal.SIGTERM)
@@ -89,6 +124,9 @@ async def run(workers: int, concurrency: int, requests: int, seed: int, k: int =
         "concurrency": concurrency,
         "requests": requests,
         "seed": seed,
+        "spinning": spin,
+        "runnable_p50": load,
+        "cores": os.cpu_count(),
         "wall_s": wall,
         "exit_code": code,
         "records": len(recs),
@@ -107,15 +145,17 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--requests", type=int, default=240)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--spin", type=int, default=0, help="processes spinning beside the run (a busy host)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the lines")
     a = p.parse_args()
-    doc = asyncio.run(run(a.workers, a.concurrency, a.requests, a.seed))
+    doc = asyncio.run(run(a.workers, a.concurrency, a.requests, a.seed, spin=a.spin))
     if a.json:
         print(json.dumps(doc))
         return
     print(
         f"--workers {doc['workers']}, concurrency {doc['concurrency']}, {doc['requests']} requests (seed"
-        f" {doc['seed']}) in {doc['wall_s']:.1f} s; {doc['records']} records, sources {doc['sources']},"
+        f" {doc['seed']}) in {doc['wall_s']:.1f} s, {doc['spinning']} processes spinning, {doc['runnable_p50']}"
+        f" runnable (median) on {doc['cores']} cores; {doc['records']} records, sources {doc['sources']},"
         f" {doc['shed_flagged']} flagged shed; served per relay {doc['served_per_relay']}"
     )
     for w, r in sorted(doc["acceptance"].items()):
