@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 
 from specproxy.core.dialects.engine import PROBES, from_metrics, from_probe, from_server_header, resolve
+from specproxy.core.errors import shown_url
 
 log = logging.getLogger("specproxy.recorder")
 
@@ -62,7 +63,7 @@ class EngineIdentity:
         try:
             self.probed = await probe_engine(self._session, url)
         except Exception:  # a probe must never take the recorder down
-            log.exception("probing the engine at %s failed", url)
+            log.exception("probing the engine at %s failed", shown_url(url))  # no credentials in logs
 
     def of(self, response_hint: str | None, metrics_kind: str | None) -> str | None:
         return resolve(self.configured, response_hint, from_metrics(metrics_kind), self.probed)
