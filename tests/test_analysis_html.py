@@ -138,3 +138,18 @@ def test_charts_are_drawn_in_headless_chromium(chromium: str, tmp_path: Path) ->
         timeout=90,
     )
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_a_series_keeps_its_colour_in_every_chart(tmp_path: Path) -> None:
+    """Base-FP16 has no speculation, so the acceptance chart leaves it out: MTP-FP16-n3 keeps the colour it has in
+    the tok/s chart all the same, and every legend name has one colour across the page."""
+    html = write_report(tmp_path).read_text()
+    seen: dict[str, set[str]] = {}
+    for name in CHARTS:
+        svg = html.split(f'<svg data-chart="{name}"', 1)[1].split("</svg>", 1)[0]
+        for fill, label in re.findall(r'<rect x="[^"]+" y="[^"]+" width="10" height="10" fill="([^"]+)"/>'
+                                      r'\s*<text[^>]*>([^<]+)</text>', svg):  # fmt: skip
+            seen.setdefault(label, set()).add(fill)
+    assert "MTP-FP16-n3" in seen and "Base-FP16" in seen, seen
+    assert all(len(fills) == 1 for fills in seen.values()), seen
+    assert len({next(iter(f)) for f in seen.values()}) == len(seen), seen  # and no two series share one

@@ -64,6 +64,10 @@ def charts(report: Report, data: ChartInput) -> list[str]:
     workloads = list(dict.fromkeys(w for w, _ in by_wl))
     labels = list(dict.fromkeys(lab for _, lab in by_wl))
     summaries = {k: acc.report((("workload", k[0]), ("label", k[1]))) for k, acc in by_wl.items()}
+    hues: dict[str, int] = {}  # a series' palette index, the same in every chart of the page
+
+    def colors(names: Sequence[str] | Sequence[tuple[str, object]]) -> list[int]:
+        return [hues.setdefault(n if isinstance(n, str) else n[0], len(hues)) for n in names]
 
     def series(metric: str, scale: float, only_spec: bool = False) -> list[Series]:
         out: list[Series] = []
@@ -82,15 +86,17 @@ def charts(report: Report, data: ChartInput) -> list[str]:
             "tok_s",
             "Decode tok/s by configuration (median per request)",
             workloads,
-            series("decode_tok_s_p50", 1.0),
+            tok_s := series("decode_tok_s_p50", 1.0),
             "tok/s",
+            colors=colors(tok_s),
         ),
         bar_chart(
             "acceptance",
             "Acceptance rate by workload",
             workloads,
-            series("acceptance_rate", 100.0, only_spec=True),
+            acc := series("acceptance_rate", 100.0, only_spec=True),
             "% of draft tokens accepted",
+            colors=colors(acc),
         ),
     ]
     groups = report.groups
@@ -109,6 +115,7 @@ def charts(report: Report, data: ChartInput) -> list[str]:
             markers=True,
             y_max=100.0,
             integer_x=True,
+            colors=colors(positions),
         )
     )
     sizes = sorted({n for g in groups for n in g.acceptance.tokens_per_step})
@@ -118,7 +125,16 @@ def charts(report: Report, data: ChartInput) -> list[str]:
         total = sum(h.values())
         if total:
             hist.append((describe_key(g.key), [h.get(n, 0) / total * 100.0 for n in sizes]))
-    out.append(bar_chart("tokens_per_step", "Tokens per decode step", [str(n) for n in sizes], hist, "% of steps"))
+    out.append(
+        bar_chart(
+            "tokens_per_step",
+            "Tokens per decode step",
+            [str(n) for n in sizes],
+            hist,
+            "% of steps",
+            colors=colors(hist),
+        )
+    )
     ttft: list[Line] = []
     itl: list[Line] = []
     step: list[Line] = []
@@ -127,13 +143,22 @@ def charts(report: Report, data: ChartInput) -> list[str]:
         ttft.append((name, lat.ttft.cdf_points(1000.0)))
         itl.append((name, lat.itl.cdf_points(1000.0)))
         step.append((name, lat.step.cdf_points(1000.0)))
-    out.append(line_chart("ttft", "Time to first token (CDF)", ttft, "ms", "fraction of requests", y_max=1.0))
-    out.append(line_chart("itl", "Inter-token latency (CDF)", itl, "ms", "fraction of tokens", y_max=1.0))
-    out.append(line_chart("step", "Inter-step latency (CDF)", step, "ms", "fraction of steps", y_max=1.0))
+    for chart, title, lines, unit in (
+        ("ttft", "Time to first token (CDF)", ttft, "fraction of requests"),
+        ("itl", "Inter-token latency (CDF)", itl, "fraction of tokens"),
+        ("step", "Inter-step latency (CDF)", step, "fraction of steps"),
+    ):
+        out.append(line_chart(chart, title, lines, "ms", unit, y_max=1.0, colors=colors(lines)))
     timeline: list[Line] = [(lab, data.in_flight(lab)) for lab in data.spans]
     out.append(
         line_chart(
-            "timeline", "Requests in flight", timeline, "seconds since the run's first request", "requests", step=True
+            "timeline",
+            "Requests in flight",
+            timeline,
+            "seconds since the run's first request",
+            "requests",
+            step=True,
+            colors=colors(timeline),
         )
     )
     return out

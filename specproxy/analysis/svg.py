@@ -98,7 +98,9 @@ def bar_chart(
     series: Sequence[Series],
     y_label: str,
     value_fmt: Callable[[float], str] = lambda v: f"{v:.1f}",
+    colors: Sequence[int] = (),
 ) -> str:
+    """``colors``: per series, its palette index (so a series keeps its colour across the page's charts)."""
     vals = [v for _, vs in series for v in vs if v is not None]
     if not categories or not vals:
         return _empty(name, title)
@@ -122,14 +124,14 @@ def bar_chart(
             h = max(0.5, HEIGHT - BOTTOM - y(v))
             body.append(
                 f'<rect class="mark" x="{x:.1f}" y="{HEIGHT - BOTTOM - h:.1f}" width="{bar_w - 1:.1f}" '
-                f'height="{h:.1f}" fill="{PALETTE[si % len(PALETTE)]}">'
+                f'height="{h:.1f}" fill="{PALETTE[(colors[si] if si < len(colors) else si) % len(PALETTE)]}">'
                 f"<title>{escape(sname)} / {escape(cat)}: {escape(value_fmt(v))}</title></rect>"
             )
         body.append(
             f'<text x="{LEFT + (ci + 0.5) * slot:.1f}" y="{HEIGHT - BOTTOM + 16}" font-size="11" '
             f'text-anchor="middle">{escape(cat)}</text>'
         )
-    return _frame(name, title, body, [s for s, _ in series])
+    return _frame(name, title, body, [s for s, _ in series], colors)
 
 
 def line_chart(
