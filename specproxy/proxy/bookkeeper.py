@@ -52,6 +52,9 @@ log = logging.getLogger("specproxy.bookkeeper")
 SHED_FLAG = "bookkeeping_shed"
 RETRIED_FLAG = "upstream_retried"  # sent again on a new connection after a reused one failed before any answer
 HEALTH_CHECK_S = 0.25
+CATCH_UP_MAX_S = 1.0  # the longest a scrape's settle waits for the relays' chunks of its interval
+CATCH_UP_POLL_S = 0.005
+STAMPED = frozenset({BEGIN, HEAD, CHUNK, FINISH, STATS})  # event kinds whose time is a relay's perf_counter_ns
 
 
 class Connection:
@@ -64,6 +67,9 @@ class Connection:
         self.stats: dict[str, Any] = {}
         self._reader = FrameReader()
         self.open = True
+        # the latest relay stamp among its events so far: the relay appends events in the order it stamps them, so
+        # every chunk it read before this time has arrived (its periodic STATS carry a stamp too, for idle streams)
+        self.seen_ns = 0
 
     def received(self, data: bytes) -> None:
         try:
@@ -74,6 +80,8 @@ class Connection:
             return
         handle = self.keeper.handle
         for kind, seq, t, payload in frames:
+            if kind in STAMPED and t > self.seen_ns:
+                self.seen_ns = t
             try:
                 handle(self, kind, seq, t, payload)
             except Exception:  # one bad event must not stop the others, nor lose a record silently
@@ -109,6 +117,7 @@ class Bookkeeper:
         self._health: asyncio.Task[None] | None = None
         self._healthy = True
         recorder.metrics.registry.register(_RelayCollector(self))
+        recorder.scraper.catch_up = self.caught_up
         # the moment records start failing, the relays hear of it (--fail-closed); recovery is seen by the watch
         sink = recorder.sink
         on_error = sink._on_error
@@ -123,6 +132,22 @@ class Bookkeeper:
     async def start(self) -> None:
         await self.recorder.start()
         self._health = asyncio.get_running_loop().create_task(self._watch_health())
+
+    async def caught_up(self, t_ns: int) -> bool:
+        """Wait until every relay with a request in flight has sent its events stamped up to ``t_ns`` (so each chunk
+        it read by then is in the ledger), for at most :data:`CATCH_UP_MAX_S`; whether it had to wait. On a busy
+        host the relays' events can reach this process hundreds of milliseconds after they were read; a scrape
+        settled before they arrive finds fewer chunks than the engine counted steps and gives the rest of its
+        delta to nobody."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + CATCH_UP_MAX_S
+        waited = False
+        while any(c.open and (c.traces or c.stats.get("in_flight")) and c.seen_ns < t_ns for c in self.connections):
+            if loop.time() >= end:
+                break
+            waited = True
+            await asyncio.sleep(CATCH_UP_POLL_S)
+        return waited
 
     def connect(self, send: Callable[[bytes], None]) -> Connection:
         conn = Connection(self, send)

@@ -324,7 +324,7 @@ class EventLink:
         key = (s["in_flight"], s["requests"], s["shed_requests"], s["lost_records"], self.shed["chunk"])
         if force or key != self._last_stats:
             self._last_stats = key
-            self._append(STATS, 0, 0, orjson.dumps(s))
+            self._append(STATS, 0, time.perf_counter_ns(), orjson.dumps(s))  # the stamp: a watermark
 
     def _tick(self) -> None:
         if not self.alive or self._loop is None:

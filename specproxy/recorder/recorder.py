@@ -381,6 +381,7 @@ class Recorder:
                 "acceptance_length_gauge": sc.accept_length_gauge,
                 "scrapes_ok": sc.ok,
                 "scrapes_deferred": self.scraper.deferred,  # held back until a request in prefill got its first token
+                "scrapes_waited_for_relays": self.scraper.caught_up_late,  # settled once the relays' chunks had arrived
                 "per_request_figures": self.scraper.per_request_figures,  # the engine's own: scraped seldom
                 "scrape_errors": sc.errors,
                 "counter_resets": sc.resets,

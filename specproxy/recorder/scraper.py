@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -135,6 +135,11 @@ class Scraper:
         self._own_figures = 0  # requests in a row that carried the engine's own per-request figures
         self.deferred = 0  # scrapes that waited for a prefill to end
         self._stale = False  # a request ended after the last scrape started: status is behind the engine
+        # Where the chunks reach the ledger later than they were read (the relays' events cross to a bookkeeping
+        # process): awaited with a read time before a delta is settled, it returns once every chunk read until then
+        # has arrived, or after a bounded wait. None: chunks are fed as they are read (one process).
+        self.catch_up: Callable[[int], Awaitable[bool]] | None = None
+        self.caught_up_late = 0  # settles that had to wait for the relays' chunks
 
     @property
     def enabled(self) -> bool:
@@ -255,6 +260,9 @@ class Scraper:
                 if resp.status != 200:
                     raise ScrapeError(f"HTTP {resp.status}")
                 body = await self._read_capped(resp)
+            # the answer is here: the counters were read before this (a parse in a thread, on a busy host, can
+            # take longer than the flight, and must not move the boundary)
+            returned_ns = time.perf_counter_ns()
             text = body.decode("utf-8", errors="replace")
             if len(body) > INLINE_PARSE_BYTES:  # a large text: filter and parse it off the event loop
                 snap = await asyncio.to_thread(parse_snapshot, text, only=RECORDER_FAMILIES)
@@ -264,7 +272,6 @@ class Scraper:
             self._error(str(e) or type(e).__name__)
             return False
         # the engine read its counters somewhere during the scrape's flight: split activity at the middle
-        returned_ns = time.perf_counter_ns()
         boundary_ns = (issued_ns + returned_ns) // 2
         slack_ns = max(50_000_000, returned_ns - issued_ns)
         self.state.failing = 0
@@ -281,6 +288,8 @@ class Scraper:
             counters = spec_counters(self.state.engine, d.values)
             # the chunks of the engine's last counted step may still be on their way to us: give them a moment
             await asyncio.sleep(self.grace_s)
+            if self.catch_up is not None and await self.catch_up(boundary_ns + slack_ns):
+                self.caught_up_late += 1  # every chunk read by the end of the window had to reach the ledger first
             self._ledger.settle(boundary_ns, counters, reset=d.reset, slack_ns=slack_ns)
             if self._on_settle is not None:
                 self._on_settle()
