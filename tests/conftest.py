@@ -20,6 +20,66 @@ REAL_FIXTURES = {"vllm_cpu_layout", "ngram_engine"}
 REAL_TEST_TIMEOUT_S = 300
 
 
+# The unit tier (``pytest -m unit``, well under a minute): test modules of pure code, no sockets and no processes.
+# Marked here by module; while they run, connecting, binding and starting a process raise (the guard below), so a
+# module that starts needing the network leaves the tier loudly instead of slowing it down.
+UNIT_MODULES = frozenset(
+    {
+        "test_analysis_advise",
+        "test_analysis_compare",
+        "test_analysis_confidence",
+        "test_analysis_export",
+        "test_analysis_report",
+        "test_analysis_roofline",
+        "test_analysis_stream",
+        "test_attribution_choice",
+        "test_attribution_counts",
+        "test_attribution_estimates",
+        "test_attribution_fit",
+        "test_attribution_intervals",
+        "test_attribution_ledger",
+        "test_bookkeeper_catch_up",
+        "test_bulk_histogram",
+        "test_core_dialects",
+        "test_core_inference",
+        "test_core_prom",
+        "test_core_schema",
+        "test_core_sse",
+        "test_core_stream",
+        "test_http1",
+        "test_layout",
+        "test_loadgen_plan",
+        "test_proxy_events",
+        "test_redact",
+        "test_render_escape",
+        "test_run_summary",
+        "test_schedule",
+        "test_sink",
+    }
+)
+
+
+class NotUnit(RuntimeError):
+    """A test of the unit tier tried to reach the network or start a process."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import socket
+    import subprocess
+
+    def refused(*_: object, **__: object) -> None:
+        raise NotUnit(
+            f"{request.node.nodeid} is in the unit tier (tests/conftest.py UNIT_MODULES): no network, no processes"
+        )
+
+    for name in ("connect", "connect_ex", "bind"):
+        monkeypatch.setattr(socket.socket, name, refused)
+    monkeypatch.setattr(subprocess.Popen, "__init__", refused)
+
+
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
@@ -34,6 +94,8 @@ class RealEngine:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in UNIT_MODULES:
+            item.add_marker(pytest.mark.unit)
         uses = REAL_FIXTURES & set(getattr(item, "fixturenames", ()))
         if uses and item.get_closest_marker("realvllm") is None:
             raise pytest.UsageError(f"{item.nodeid} uses {sorted(uses)} but is not marked realvllm")
