@@ -360,7 +360,7 @@ def _run_workers(cfg: ProxyConfig) -> None:
     from specproxy.proxy import workers
 
     try:
-        children, reservation = workers.start(cfg, cfg.workers)
+        procs = workers.start(cfg, cfg.workers)
     except OSError as e:
         raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", EXIT_FAILURE) from None
 
@@ -369,7 +369,7 @@ def _run_workers(cfg: ProxyConfig) -> None:
         relays = f"{n} relay{'s' if n > 1 else ''}"
         typer.echo(f"specproxy proxy: http://{cfg.host}:{port} -> {shown_url(cfg.upstream)} ({relays})", err=True)
 
-    ended = run_async(workers.supervise(children, reservation, cfg.drain_timeout_s, ready))
+    ended = run_async(workers.supervise(procs, cfg.drain_timeout_s, ready))
     raise typer.Exit(_workers_exit_code(ended))
 
 

