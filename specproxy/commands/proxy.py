@@ -378,14 +378,21 @@ def _workers_exit_code(ended: Ended) -> int:
         typer.echo(
             f"specproxy proxy: {ended.cut} requests cut by {ended.cut_reason}: recorded with outcome shutdown", err=True
         )
+    if ended.lost and set(ended.lost_by) == {"sink"}:
+        raise CommandError(
+            f"{ended.lost} records were lost (not written to {ended.record_path}; {ended.written} written)",
+            EXIT_FAILURE,
+        )
+    if ended.lost:  # lost = finished - written, exactly: each cause counted where it happened
+        causes = ", ".join(f"{cause}: {n}" for cause, n in sorted(ended.lost_by.items()))
+        raise CommandError(
+            f"{ended.lost} records were lost ({causes}): {ended.finished} requests finished, {ended.written} "
+            f"records written",
+            EXIT_FAILURE,
+        )
     if ended.dropped:
         raise CommandError(
             f"{ended.dropped} records were lost (not written to {ended.record_path}; {ended.written} written)",
-            EXIT_FAILURE,
-        )
-    if ended.lost:
-        raise CommandError(
-            f"{ended.lost} records were lost: the bookkeeping process could not take them ({ended.written} written)",
             EXIT_FAILURE,
         )
     if ended.failure is not None:

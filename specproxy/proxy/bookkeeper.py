@@ -12,6 +12,7 @@ be written (``--fail-closed``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
 from specproxy.proxy.events import (
+    ACK,
     BEGIN,
     CHUNK,
     FINISH,
@@ -64,6 +66,30 @@ class Connection:
         self.stats: dict[str, Any] = {}
         self._reader = FrameReader()
         self.open = True
+        # its inference requests begun here, and what became of their records; "late": after its relay stopped
+        # (it ended, or died) and could not hear of it any more, so the bookkeeper says it at its own end
+        self.begun = 0
+        self.written = 0
+        self.dropped = 0
+        self.late_written = 0
+        self.late_dropped = 0
+
+    def ack(self, seq: int, written: bool) -> None:
+        """Tell the relay that a record of its is written (or dropped by the sink): it counts the loss exactly."""
+        if written:
+            self.written += 1
+        else:
+            self.dropped += 1
+        if self.open:
+            self.send(frame(ACK, seq, int(written)))
+        elif written:
+            self.late_written += 1
+        else:
+            self.late_dropped += 1
+
+    def final(self) -> dict[str, int]:
+        keys = ("begun", "written", "dropped", "late_written", "late_dropped")
+        return {k: getattr(self, k) for k in keys} | {"lost": int(self.stats.get("lost_records", 0))}
 
     def received(self, data: bytes) -> None:
         try:
@@ -110,6 +136,9 @@ class Bookkeeper:
         self._healthy = True
         self.restarts: dict[str, int] = {}  # processes the supervisor restarted, by role (--workers N)
         recorder.metrics.registry.register(_RelayCollector(self))
+        self._owners: dict[str, tuple[Connection, int]] = {}  # request id -> its relay and number there
+        self._acks: collections.deque[tuple[Connection, int] | None] = collections.deque()  # as the sink's queue
+        self._wrap_sink()
         # the moment records start failing, the relays hear of it (--fail-closed); recovery is seen by the watch
         sink = recorder.sink
         on_error = sink._on_error
@@ -120,6 +149,49 @@ class Bookkeeper:
             self._push_health()
 
         sink._on_error = failed
+
+    def _wrap_sink(self) -> None:
+        """Follow each record through the sink, so that its relay hears when it is written or dropped: the sink
+        writes in the order records are put, and counts written and dropped records in that order."""
+        sink = self.recorder.sink
+        put, on_written, on_dropped = sink.put, sink._on_written, sink._on_dropped
+        acks = self._acks
+        putting = False
+
+        def tracked_put(rec: Any) -> None:
+            nonlocal putting
+            owner = self._owners.pop(str(rec.get("request_id")), None)
+            queued, dropped = sink.queued, sink.dropped
+            putting = True
+            try:
+                put(rec)
+            finally:
+                putting = False
+            if sink.queued > queued:
+                acks.append(owner)
+            elif owner is not None and sink.dropped > dropped:
+                owner[0].ack(owner[1], False)
+
+        def written(n: int) -> None:
+            if on_written is not None:
+                on_written(n)
+            for _ in range(min(n, len(acks))):
+                owner = acks.popleft()
+                if owner is not None:
+                    owner[0].ack(owner[1], True)
+
+        def dropped(n: int) -> None:
+            if on_dropped is not None:
+                on_dropped(n)
+            if putting:  # dropped as it was put: answered in tracked_put
+                return
+            for _ in range(min(n, len(acks))):  # the queue's remainder, at the close
+                owner = acks.popleft()
+                if owner is not None:
+                    owner[0].ack(owner[1], False)
+
+        sink.put = tracked_put  # type: ignore[method-assign]
+        sink._on_written, sink._on_dropped = written, dropped
 
     async def start(self) -> None:
         await self.recorder.start()
@@ -137,7 +209,10 @@ class Bookkeeper:
             if trace is not None:
                 trace.feed(t, payload)
         elif kind == BEGIN:
-            conn.traces[seq] = self._begin(t, payload)
+            conn.traces[seq] = trace = self._begin(t, payload)
+            if not trace.passthrough:  # its record is acknowledged to the relay once written
+                self._owners[trace.meta.request_id] = (conn, seq)
+                conn.begun += 1
         elif kind == HEAD:
             trace = conn.traces.get(seq)
             if trace is not None:
@@ -201,10 +276,9 @@ class Bookkeeper:
         return 404, "text/plain", b"not an own endpoint\n"
 
     def final(self) -> dict[str, Any]:
-        """What the bookkeeper tells the main process as it ends: each relay's records lost, by its pid (a relay
-        that died cannot say its own)."""
-        return {"relays_lost": {str(c.stats["pid"]): int(c.stats.get("lost_records", 0))
-                                for c in self.connections if "pid" in c.stats}}  # fmt: skip
+        """What the bookkeeper tells the main process as it ends: per relay (by pid) what became of the records of
+        its requests, also those it could not be told of any more (it had stopped, or died)."""
+        return {"per_relay": {str(c.stats["pid"]): c.final() for c in self.connections if "pid" in c.stats}}
 
     def relay_totals(self) -> dict[str, Any]:
         relays = [c.stats for c in self.connections if c.stats]

@@ -25,8 +25,10 @@ from typing import Any
 
 import orjson
 
+from specproxy.core.inference import is_inference
 from specproxy.core.request_body import SCAN_BYTES, Body
 from specproxy.proxy.events import (
+    ACK,
     BEGIN,
     CHUNK,
     FINISH,
@@ -52,19 +54,26 @@ STATS_INTERVAL_S = 0.5
 FLUSH_EVERY_S = 0.005
 FLUSH_BYTES = 256 * 1024
 QUERY_TIMEOUT_S = 10.0
+MAX_DOUBTFUL = 100_000
 
 
 class Relayed:
     """One request as its relay follows it: a number, an id, and what is known without reading anything."""
 
-    __slots__ = ("lost", "ov_max", "ov_n", "ov_ns", "request_id", "retried", "seq", "shed", "start_ns")
+    __slots__ = (
+        "cause", "finished", "inference", "lost", "ov_max", "ov_n", "ov_ns", "request_id", "retried", "seq", "shed",
+        "start_ns",
+    )  # fmt: skip
 
     def __init__(self, seq: int, start_ns: int) -> None:
         self.seq = seq
         self.start_ns = start_ns
         self.request_id = uuid.uuid4().hex[:16]
         self.shed = False  # some of its bookkeeping was shed: its record is flagged
-        self.lost = False  # not handed to the bookkeeping: no record, counted
+        self.lost = False  # not handed to the bookkeeping (or its bookkeeper died): no record, counted
+        self.cause = ""  # why it is lost
+        self.inference = True  # False: not inference (core.inference), never recorded, so never lost
+        self.finished = False
         self.ov_ns = 0  # time the relay spent on bookkeeping for this request (appending its events)
         self.ov_max = 0
         self.ov_n = 0
@@ -132,7 +141,13 @@ class EventLink:
         self._closing = False
         self.attached = 0  # channels attached so far (more than one: a bookkeeper was restarted)
         self.restarts: dict[str, int] = {}  # the supervisor's count, by role
-        self._open: dict[int, Relayed] = {}  # requests handed to the bookkeeper now attached, not finished
+        # inference requests handed to the bookkeeper now attached whose records it has not acknowledged yet
+        self._handed: dict[int, Relayed] = {}
+        self.finished = 0  # inference requests finished: each one is, in the end, either written or lost
+        self.written = 0  # records the bookkeeper acknowledged as written
+        self.lost_by: dict[str, int] = {}  # lost records by cause
+        self.pending = 0  # at the end: records handed over, not acknowledged before the channel closed
+        self.doubtful: list[str] = []  # request ids counted lost with a dead bookkeeper that it may have written
 
     # -- attaching ---------------------------------------------------------------------------------------------------
     def attach_local(self, send: Callable[[bytes], None]) -> None:
@@ -183,12 +198,13 @@ class EventLink:
         r = Relayed(seq, time.perf_counter_ns())
         self.in_flight += 1
         self.requests += 1
+        r.inference = is_inference(method, path)
         if not self.alive:
-            r.lost = True
+            r.lost, r.cause = True, "no_bookkeeper"
             return r
         backlog = self.backlog
         if backlog > self.hard_bytes:
-            r.lost = True
+            r.lost, r.cause = True, "backlog"
             return r
         size = whole.size
         doc: dict[str, Any] = {
@@ -211,7 +227,8 @@ class EventLink:
         else:
             body = whole.whole()  # at most --capture-max-bytes (1 MB by default): a copy the loop can afford
         self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
-        self._open[seq] = r
+        if r.inference:
+            self._handed[seq] = r
         return r
 
     def head(self, r: Relayed, status: int, content_type: str | None, content_encoding: str | None) -> None:
@@ -241,9 +258,12 @@ class EventLink:
         self.in_flight -= 1
         self.overhead_ns += r.ov_ns
         self.overhead_count += r.ov_n
-        self._open.pop(r.seq, None)
+        r.finished = True
+        if r.inference:
+            self.finished += 1
         if r.lost or not self.alive:
-            self.lost += 1
+            if r.inference:
+                self._lose(r.cause or "bookkeeper_died")
             return
         doc = orjson.dumps([outcome, error, r.ov_ns, r.ov_max, r.ov_n, r.shed, r.retried])
         self._append(FINISH, r.seq, end_ns, doc)
@@ -272,9 +292,31 @@ class EventLink:
         content_type, body = split_reply(payload)
         return status, content_type, body
 
+    def _lose(self, cause: str) -> None:
+        self.lost += 1
+        self.lost_by[cause] = self.lost_by.get(cause, 0) + 1
+
+    def _forget_handed(self, cause: str) -> None:
+        """The bookkeeper is gone: what it held of its requests (in flight, or finished and not yet written) died
+        with it. Finished ones are counted lost now, the others when they finish."""
+        for r in self._handed.values():
+            if r.finished:
+                self._lose(cause)
+                if cause == "bookkeeper_died" and len(self.doubtful) < MAX_DOUBTFUL:
+                    # it may have been written in the moment before the death, its acknowledgement lost with it:
+                    # the main process looks for it in the record file at the end
+                    self.doubtful.append(r.request_id)
+            else:
+                r.lost, r.cause = True, cause
+        self._handed.clear()
+
     def final(self) -> dict[str, Any]:
-        """What this relay tells the main process as it ends."""
-        return {"lost": self.lost, "requests": self.requests}
+        """What this relay tells the main process as it ends: every inference request it finished is either
+        written (acknowledged) or lost, by cause."""
+        return {
+            "lost": self.lost, "lost_by": dict(self.lost_by), "finished": self.finished, "written": self.written,
+            "pending": self.pending, "doubtful": self.doubtful,
+        }  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -329,6 +371,14 @@ class EventLink:
         for kind, seq, t, payload in frames:
             if kind == HEALTH:
                 self.healthy = bool(t)
+            elif kind == ACK:
+                r = self._handed.pop(seq, None)
+                if r is not None:
+                    if t:
+                        self.written += 1
+                    else:
+                        self._lose("sink")
+                        r.lost = True
             elif kind == REPLY:
                 fut = self._queries.get(seq)
                 if fut is not None and not fut.done():
@@ -341,10 +391,7 @@ class EventLink:
         self.healthy = False
         if self._closing:
             return
-        # what the bookkeeper had begun of requests still in flight died with it: their records are lost
-        for r in self._open.values():
-            r.lost = True
-        self._open.clear()
+        self._forget_handed("bookkeeper_died")
         log.error("bookkeeping lost (%s): relaying goes on, records are counted lost", why)
         for fut in self._queries.values():
             if not fut.done():
@@ -381,6 +428,8 @@ class EventLink:
             await asyncio.wait_for(asyncio.shield(side.closed), within_s)
         except TimeoutError:
             log.error("the bookkeeping process did not take the last events within %g s: records lost", within_s)
-            self.lost += 1
+            self._forget_handed("unacknowledged")
             side.transport.abort()
+        # records not acknowledged yet: the bookkeeper writes them after this relay has gone, and says so itself
+        self.pending = sum(1 for r in self._handed.values() if r.finished)
         self.alive = False

@@ -71,7 +71,9 @@ class Ended:
     written: int = 0
     dropped: int = 0  # records the sink could not write
     record_path: str | None = None
-    lost: int = 0  # requests relayed that the bookkeeping never got
+    lost: int = 0  # inference requests finished without a record written: finished - written
+    lost_by: dict[str, int] = field(default_factory=dict)  # lost, by cause
+    finished: int = 0  # inference requests relayed to their end (not passthrough: those are never recorded)
     failure: str | None = None  # a child that ended badly, or could not start
     restarts: dict[str, int] = field(default_factory=dict)  # children restarted, by role
 
@@ -567,25 +569,76 @@ async def supervise(w: Workers, drain_s: float, on_ready: Callable[[int], None])
             await _reap([c])
     await _reap(sup.children())
     ended.restarts = dict(sup.restarts)
+    said = sup.w.keeper.said or {}
+    keeper_said = "written" in said
+    if keeper_said:
+        ended.dropped, ended.record_path = int(said["dropped"]), said["path"]
+    else:
+        ended.failure = ended.failure or "the bookkeeping process ended early: the records in its care are lost"
+    per: dict[str, dict[str, int]] = said.get("per_relay", {})
+
+    def lose(cause: str, n: int) -> None:
+        if n > 0:
+            ended.lost += n
+            ended.lost_by[cause] = ended.lost_by.get(cause, 0) + n
+
+    # every inference request a relay finished is, in the end, written or lost: what the relays were told, and
+    # what the bookkeeper says of the records it wrote after they had gone
+    doubtful: list[str] = []
     for c in sup.w.relays:
         said = c.said or {}
         if "cut" not in said:
             ended.failure = ended.failure or "a relay process ended without saying how"
             continue
         ended.cut += int(said["cut"])
-        ended.lost += int(said.get("lost", 0))
+        ended.finished += int(said.get("finished", 0))
+        ended.written += int(said.get("written", 0))
+        for cause, n in said.get("lost_by", {}).items():
+            lose(cause, int(n))
+        late = per.get(str(c.pid), {})
+        ended.written += int(late.get("late_written", 0))
+        lose("sink", int(late.get("late_dropped", 0)))
+        if not keeper_said:
+            lose("bookkeeper_died", int(said.get("pending", 0)))
+        doubtful.extend(str(rid) for rid in said.get("doubtful", []))
         if said.get("reason"):
             ended.cut_reason = said["reason"]
         if said.get("signum") is not None:
             ended.signum = int(said["signum"])
-    said = sup.w.keeper.said or {}
-    if "written" in said:
-        ended.written, ended.dropped, ended.record_path = int(said["written"]), int(said["dropped"]), said["path"]
-        dead = {str(c.pid) for c in sup.gone if c.role == "relay"}  # what a dead relay last said it lost
-        ended.lost += sum(int(n) for pid, n in said.get("relays_lost", {}).items() if pid in dead)
-    else:
-        ended.failure = ended.failure or "the bookkeeping process ended early: the records in its care are lost"
+    found = _written_after_all(ended.record_path, doubtful)
+    if found:  # written by a bookkeeper just before it died: its acknowledgement died with it
+        ended.written += found
+        ended.lost -= found
+        ended.lost_by["bookkeeper_died"] -= found
+        if not ended.lost_by["bookkeeper_died"]:
+            del ended.lost_by["bookkeeper_died"]
+    for c in sup.gone:  # a relay that died: what the bookkeeper knows of it
+        k = per.get(str(c.pid))
+        if c.role != "relay" or k is None:
+            continue
+        ended.finished += int(k["begun"]) + int(k["lost"])
+        ended.written += int(k["written"])
+        lose("sink", int(k["dropped"]))
+        lose("in_a_relay_that_died", int(k["lost"]))
     return ended
+
+
+def _written_after_all(path: str | None, request_ids: list[str]) -> int:
+    """How many of ``request_ids`` (counted lost with a bookkeeper that died) have a record in the record file
+    (or the file it last rotated to) all the same: a death between a record's write and its acknowledgement."""
+    if not request_ids or path is None:
+        return 0
+    wanted = {f'"request_id":"{rid}"'.encode() for rid in request_ids}
+    found: set[bytes] = set()
+    for name in (path + ".1", path):
+        if not os.path.isfile(name):  # a device or a pipe (/dev/stdout): nothing to read back
+            continue
+        with contextlib.suppress(OSError), open(name, "rb") as f:
+            for line in f:
+                i = line.find(b'"request_id":"')
+                if i >= 0 and (key := line[i : i + 31]) in wanted:
+                    found.add(key)
+    return len(found)
 
 
 async def _next(c: _Child) -> dict[str, Any] | None:
