@@ -195,3 +195,72 @@ async def test_the_loss_at_exit_is_requests_finished_minus_records_written(tmp_p
     # under-counted: no record is lost silently)
     assert said_written <= written and lost >= finished - written, last
     assert "bookkeeper_died" in last, last
+
+
+async def test_sighup_reopens_the_record_file_and_cuts_no_stream(tmp_path: Path) -> None:
+    """logrotate: the record file is renamed, SIGHUP sent; the streams in flight go on, the proxy too, and the next
+    records go to a new file by the old name."""
+    record = tmp_path / "r.jsonl"
+    args = ("--workers", "2", "--metrics-url", "none")
+    async with (
+        sim_process("--speed", "5") as sim_url,
+        proxy_process(sim_url, record, *args) as (url, proc_),
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+    ):
+        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
+        await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2, "ready")
+        load = Load(s, url, 8, max_tokens=100)
+        await load.until(10)
+        await _until(s, url, lambda st: st["records"]["written"] >= 5, "records written")
+        record.rename(tmp_path / "r.jsonl.1")
+        proc.send_signal(signal.SIGHUP)
+        before = load.ok
+        await load.until(before + 20)
+        await load.stop()
+        assert load.broken == 0 and proc.returncode is None
+        code, _ = await _get(s, url)
+        assert code == 200
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 30)
+        assert proc.stderr is not None
+        err = (await proc.stderr.read()).decode()
+    assert rc == 0, err
+    assert "SIGHUP: the record file is reopened" in err
+    old = (tmp_path / "r.jsonl.1").read_bytes().splitlines()  # one record a line (read_records reads both files)
+    new = record.read_bytes().splitlines()
+    assert old and new and len(old) + len(new) == load.ok
+
+
+async def test_a_stopped_bookkeeper_gets_a_partial_status_within_2_s(tmp_path: Path) -> None:
+    """SIGSTOP of the bookkeeper under load: /specproxy/status and /specproxy/metrics answer within 2 s (bound:
+    3 s) with the relay's own counters, marked partial; after SIGCONT the whole status again."""
+    record = tmp_path / "r.jsonl"
+    args = ("--workers", "1", "--metrics-url", "none", "--bookkeeping-buffer", "64KB")
+    async with (
+        sim_process("--speed", "10") as sim_url,
+        proxy_process(sim_url, record, *args) as (url, proc_),
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+    ):
+        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
+        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 1, "ready")
+        keeper = st["bookkeeping"]["pid"]
+        load = Load(s, url, 16, max_tokens=200)
+        await load.until(5)
+        os.kill(keeper, signal.SIGSTOP)
+        try:
+            for path in ("/specproxy/status", "/specproxy/metrics", "/specproxy/status"):
+                t0 = time.monotonic()
+                code, body = await _get(s, url, path)
+                took = time.monotonic() - t0
+                assert code == 200 and took < 3, (path, code, took, body)
+                if path.endswith("status"):
+                    assert body["partial"] is True and "backlog_bytes" in body["bookkeeping"], body
+                else:
+                    assert "specproxy_status_partial 1.0" in body and "specproxy_bookkeeping_backlog_bytes" in body
+        finally:
+            os.kill(keeper, signal.SIGCONT)
+        await _until(s, url, lambda st: "partial" not in st, "whole again")
+        await load.stop()
+        assert load.broken == 0
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)

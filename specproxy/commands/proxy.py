@@ -298,6 +298,7 @@ async def _main(cfg: ProxyConfig) -> None:
     to ``--drain-timeout``; a second signal, or the end of that time, cuts those left (recorded with outcome
     ``shutdown``). Every record is written either way; a third signal only says so (SIGKILL ends it at once)."""
     import asyncio
+    import contextlib
 
     from specproxy.proxy.server import start_proxy
     from specproxy.serving import Cut, bound_ports, stop_signals
@@ -326,6 +327,12 @@ async def _main(cfg: ProxyConfig) -> None:
         else:
             log.warning("%s: already stopping, writing the last records (SIGKILL ends the process now)", name)
 
+    def on_hup() -> None:  # logrotate: the sink opens the file by name for each append, so the next goes there
+        log.warning("SIGHUP: the record file is reopened: the next records go to a file by its name now")
+
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
     with stop_signals(on_signal):
         where = ", ".join(f"http://{cfg.host}:{p}" for p in bound_ports(handle.runner))
         typer.echo(f"specproxy proxy: {where} -> {shown_url(cfg.upstream)}", err=True)  # once a signal stops it cleanly

@@ -193,6 +193,13 @@ class Bookkeeper:
         sink.put = tracked_put  # type: ignore[method-assign]
         sink._on_written, sink._on_dropped = written, dropped
 
+    def reopen(self) -> None:
+        """SIGHUP: the record file is reopened. The sink opens it by name for every append, so the next records go
+        to the file the name now points to (logrotate's rename then create, or none: created); said, for the log."""
+        sink = self.recorder.sink
+        if sink.path is not None:
+            log.warning("record file reopened: the next records go to %s", sink.path)
+
     async def start(self) -> None:
         await self.recorder.start()
         self._health = asyncio.get_running_loop().create_task(self._watch_health())

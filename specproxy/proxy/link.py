@@ -53,7 +53,8 @@ STATS_INTERVAL_S = 0.5
 # relay's own stamps, so the delay changes no figure; records come this much later.
 FLUSH_EVERY_S = 0.005
 FLUSH_BYTES = 256 * 1024
-QUERY_TIMEOUT_S = 10.0
+QUERY_TIMEOUT_S = 2.0  # then the own endpoints answer with what the relay knows, marked partial
+GONE = 0  # a query's answer when the bookkeeper went away before it answered
 MAX_DOUBTFUL = 100_000
 
 
@@ -274,9 +275,11 @@ class EventLink:
 
     # -- the own endpoints -------------------------------------------------------------------------------------------
     async def query(self, path: str) -> tuple[int, str, bytes]:
-        """Ask the bookkeeper for an own endpoint's answer: (status, content type, body)."""
+        """Ask the bookkeeper for an own endpoint's answer: (status, content type, body). A bookkeeper that is gone
+        (restarting) or stalled does not make the endpoint wait: within :data:`QUERY_TIMEOUT_S` the answer is what
+        this relay knows itself, marked partial."""
         if not self.alive:
-            return 503, "text/plain", b"the bookkeeping process is gone: no status, records are counted lost\n"
+            return self.partial(path, "the bookkeeping process is gone (being restarted)")
         self._seq = qid = (self._seq + 1) & 0xFFFFFFFF
         fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         self._queries[qid] = fut
@@ -286,11 +289,39 @@ class EventLink:
         try:
             status, payload = await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
         except TimeoutError:
-            return 503, "text/plain", b"the bookkeeping process did not answer in time\n"
+            return self.partial(path, f"the bookkeeping process did not answer within {QUERY_TIMEOUT_S:g} s")
         finally:
             self._queries.pop(qid, None)
+        if status == GONE:
+            return self.partial(path, "the bookkeeping process is gone (being restarted)")
         content_type, body = split_reply(payload)
         return status, content_type, body
+
+    def partial(self, path: str, why: str) -> tuple[int, str, bytes]:
+        """What this relay knows without the bookkeeper (its own counters), marked ``partial``: the records, the
+        engine and the other relays are the bookkeeper's."""
+        s = self.stats()
+        s["lost_by"] = dict(self.lost_by)
+        s["restarts"] = restarts = {"bookkeeper": 0, "relay": 0, **self.restarts}
+        if path == "/specproxy/metrics":
+            lines = [
+                "# HELP specproxy_status_partial 1: only this relay's own counters; the bookkeeping did not answer.",
+                "# TYPE specproxy_status_partial gauge",
+                "specproxy_status_partial 1.0",
+                "# TYPE specproxy_bookkeeping_shed_total counter",
+                *(f'specproxy_bookkeeping_shed_total{{kind="{k}"}} {float(v)}' for k, v in sorted(s["shed"].items())),
+                "# TYPE specproxy_records_lost_total counter",
+                f"specproxy_records_lost_total {float(self.lost)}",
+                "# TYPE specproxy_bookkeeping_backlog_bytes gauge",
+                f"specproxy_bookkeeping_backlog_bytes {float(s['backlog_bytes'])}",
+                "# TYPE specproxy_process_restarts_total counter",
+                *(f'specproxy_process_restarts_total{{role="{k}"}} {float(v)}' for k, v in sorted(restarts.items())),
+            ]
+            return 200, "text/plain; version=0.0.4; charset=utf-8", ("\n".join(lines) + "\n").encode()
+        if path != "/specproxy/status":
+            return 503, "text/plain", f"{why}\n".encode()
+        doc = {"partial": True, "why": why, "bookkeeping": s | {"relay_pids": [s["pid"]]}}
+        return 200, "application/json", orjson.dumps(doc)
 
     def _lose(self, cause: str) -> None:
         self.lost += 1
@@ -395,7 +426,7 @@ class EventLink:
         log.error("bookkeeping lost (%s): relaying goes on, records are counted lost", why)
         for fut in self._queries.values():
             if not fut.done():
-                fut.set_result((503, b"text/plain\nthe bookkeeping process is gone\n"))
+                fut.set_result((GONE, b""))
 
     def _stats(self, *, force: bool = False) -> None:
         s = self.stats()

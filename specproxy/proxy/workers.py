@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -271,6 +271,8 @@ async def _bookkeeper_main(
         msg = orjson.loads(line)
         if "restarts" in msg:
             keeper.restarts = dict(msg["restarts"])
+        if msg.get("do") == "reopen":
+            keeper.reopen()
         if msg.get("do") == "finish":
             break
     with contextlib.suppress(ValueError, OSError):
@@ -466,6 +468,19 @@ class _Supervisor:
         self.watch(c)
 
 
+@contextlib.contextmanager
+def _on_sighup(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> Iterator[None]:
+    """SIGHUP reopens the record file (as nginx reopens its logs), so that logrotate works: it must not end the
+    proxy, nor cut a stream."""
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGHUP, handler)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(signal.SIGHUP)
+
+
 def _how(status: int | None) -> str:
     if status is None:
         return "not reaped yet"
@@ -551,7 +566,13 @@ async def supervise(w: Workers, drain_s: float, on_ready: Callable[[int], None])
         else:
             log.warning("%s: already stopping, writing the last records (SIGKILL ends the process now)", name)
 
-    with stop_signals(on_signal):
+    def on_hup() -> None:
+        log.warning("SIGHUP: the record file is reopened: the next records go to a file by its name now (logrotate "
+                    "may have moved the old one); nothing else changes")  # fmt: skip
+        _tell(sup.w.keeper, do="reopen")
+
+    loop = asyncio.get_running_loop()
+    with stop_signals(on_signal), _on_sighup(loop, on_hup):
         on_ready(port)
         _tell(w.keeper, do="go", restarts=sup.restarts)
         for c in children:
