@@ -454,7 +454,11 @@ class EventLink:
         if side is None or side.transport is None:
             self.alive = False
             return
-        side.transport.close()  # after what is buffered has gone out
+        # the end of the events, after what is buffered; acknowledgements still come until the bookkeeper closes
+        if self.alive and side.transport.can_write_eof():
+            side.transport.write_eof()
+        else:
+            side.transport.close()
         try:
             await asyncio.wait_for(asyncio.shield(side.closed), within_s)
         except TimeoutError:

@@ -229,6 +229,13 @@ class _KeeperSide(asyncio.Protocol):
         assert self.conn is not None
         self.conn.received(data)
 
+    def eof_received(self) -> bool:
+        """The relay stops (it half-closed: it still reads): acknowledgements from now on are the bookkeeper's to
+        report at its end (late), and the channel closes; those sent before reach the relay."""
+        if self.conn is not None:
+            self.conn.lost("its relay stopped")
+        return False
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self.conn is not None:
             self.conn.lost("its relay process ended")
