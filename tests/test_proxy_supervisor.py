@@ -262,3 +262,32 @@ async def test_a_stopped_bookkeeper_gets_a_partial_status_within_2_s(tmp_path: P
         assert load.broken == 0
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_a_bookkeeper_that_keeps_dying_stops_the_proxy_with_one_line(tmp_path: Path) -> None:
+    """Past 5 deaths of the bookkeeper within a minute it is not restarted again: the proxy stops, exit 1, and
+    its last line says why; the backoff grows between restarts."""
+    record = tmp_path / "r.jsonl"
+    async with (
+        sim_process("--speed", "20") as sim_url,
+        proxy_process(sim_url, record, "--workers", "1", "--metrics-url", "none") as (url, proc_),
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+    ):
+        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
+        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 1, "ready")
+        gaps = []
+        for n in range(1, 6):
+            keeper = st["bookkeeping"]["pid"]
+            os.kill(keeper, signal.SIGKILL)
+            t0 = time.monotonic()
+            st = await _until(s, url, lambda st: st["bookkeeping"]["pid"] != keeper  # noqa: B023
+                              and st["bookkeeping"]["relay_pids"], f"restart {n}")  # fmt: skip
+            gaps.append(time.monotonic() - t0)
+            assert st["bookkeeping"]["restarts"]["bookkeeper"] == n
+        assert gaps[-1] > 1.0 > gaps[0]  # 0.1 s, doubled per death: 1.6 s for the fifth
+        os.kill(st["bookkeeping"]["pid"], signal.SIGKILL)
+        rc = await asyncio.wait_for(proc.wait(), 30)
+        assert proc.stderr is not None
+        err = (await proc.stderr.read()).decode()
+    assert rc == 1
+    assert "the bookkeeper process ended 6 times within 60 s: not restarted" in err.strip().splitlines()[-1], err

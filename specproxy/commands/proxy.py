@@ -381,6 +381,15 @@ def _run_workers(cfg: ProxyConfig) -> None:
 
 
 def _workers_exit_code(ended: Ended) -> int:
+    try:
+        return _workers_exit(ended)
+    except CommandError as e:  # one line: why the proxy stopped (a process that kept dying), then what was lost
+        if ended.failure is not None and str(e) != ended.failure:
+            raise CommandError(f"{ended.failure}; {e}", EXIT_FAILURE) from None
+        raise
+
+
+def _workers_exit(ended: Ended) -> int:
     if ended.cut:
         typer.echo(
             f"specproxy proxy: {ended.cut} requests cut by {ended.cut_reason}: recorded with outcome shutdown", err=True
