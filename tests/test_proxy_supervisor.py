@@ -67,7 +67,7 @@ class Load:
         self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(concurrency)]
 
     async def _loop(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self.s.closed:  # closed: the test failed and left
             try:
                 async with self.s.post(self.url + "/v1/chat/completions", json=self.body) as r:
                     await r.read()
