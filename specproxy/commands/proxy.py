@@ -298,6 +298,7 @@ async def _main(cfg: ProxyConfig) -> None:
     to ``--drain-timeout``; a second signal, or the end of that time, cuts those left (recorded with outcome
     ``shutdown``). Every record is written either way; a third signal only says so (SIGKILL ends it at once)."""
     import asyncio
+    import contextlib
 
     from specproxy.proxy.server import start_proxy
     from specproxy.serving import Cut, bound_ports, stop_signals
@@ -326,6 +327,12 @@ async def _main(cfg: ProxyConfig) -> None:
         else:
             log.warning("%s: already stopping, writing the last records (SIGKILL ends the process now)", name)
 
+    def on_hup() -> None:  # logrotate: the sink opens the file by name for each append, so the next goes there
+        log.warning("SIGHUP: the record file is reopened: the next records go to a file by its name now")
+
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
     with stop_signals(on_signal):
         where = ", ".join(f"http://{cfg.host}:{p}" for p in bound_ports(handle.runner))
         typer.echo(f"specproxy proxy: {where} -> {shown_url(cfg.upstream)}", err=True)  # once a signal stops it cleanly
@@ -360,7 +367,7 @@ def _run_workers(cfg: ProxyConfig) -> None:
     from specproxy.proxy import workers
 
     try:
-        children, reservation = workers.start(cfg, cfg.workers)
+        procs = workers.start(cfg, cfg.workers)
     except OSError as e:
         raise CommandError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", EXIT_FAILURE) from None
 
@@ -369,23 +376,39 @@ def _run_workers(cfg: ProxyConfig) -> None:
         relays = f"{n} relay{'s' if n > 1 else ''}"
         typer.echo(f"specproxy proxy: http://{cfg.host}:{port} -> {shown_url(cfg.upstream)} ({relays})", err=True)
 
-    ended = run_async(workers.supervise(children, reservation, cfg.drain_timeout_s, ready))
+    ended = run_async(workers.supervise(procs, cfg.drain_timeout_s, ready))
     raise typer.Exit(_workers_exit_code(ended))
 
 
 def _workers_exit_code(ended: Ended) -> int:
+    try:
+        return _workers_exit(ended)
+    except CommandError as e:  # one line: why the proxy stopped (a process that kept dying), then what was lost
+        if ended.failure is not None and str(e) != ended.failure:
+            raise CommandError(f"{ended.failure}; {e}", EXIT_FAILURE) from None
+        raise
+
+
+def _workers_exit(ended: Ended) -> int:
     if ended.cut:
         typer.echo(
             f"specproxy proxy: {ended.cut} requests cut by {ended.cut_reason}: recorded with outcome shutdown", err=True
         )
+    if ended.lost and set(ended.lost_by) == {"sink"}:
+        raise CommandError(
+            f"{ended.lost} records were lost (not written to {ended.record_path}; {ended.written} written)",
+            EXIT_FAILURE,
+        )
+    if ended.lost:  # lost = finished - written, exactly: each cause counted where it happened
+        causes = ", ".join(f"{cause}: {n}" for cause, n in sorted(ended.lost_by.items()))
+        raise CommandError(
+            f"{ended.lost} records were lost ({causes}): {ended.finished} requests finished, {ended.written} "
+            f"records written",
+            EXIT_FAILURE,
+        )
     if ended.dropped:
         raise CommandError(
             f"{ended.dropped} records were lost (not written to {ended.record_path}; {ended.written} written)",
-            EXIT_FAILURE,
-        )
-    if ended.lost:
-        raise CommandError(
-            f"{ended.lost} records were lost: the bookkeeping process could not take them ({ended.written} written)",
             EXIT_FAILURE,
         )
     if ended.failure is not None:

@@ -12,6 +12,7 @@ be written (``--fail-closed``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
 from specproxy.proxy.events import (
+    ACK,
     BEGIN,
     CHUNK,
     FINISH,
@@ -70,6 +72,30 @@ class Connection:
         # the latest relay stamp among its events so far: the relay appends events in the order it stamps them, so
         # every chunk it read before this time has arrived (its periodic STATS carry a stamp too, for idle streams)
         self.seen_ns = 0
+        # its inference requests begun here, and what became of their records; "late": after its relay stopped
+        # (it ended, or died) and could not hear of it any more, so the bookkeeper says it at its own end
+        self.begun = 0
+        self.written = 0
+        self.dropped = 0
+        self.late_written = 0
+        self.late_dropped = 0
+
+    def ack(self, seq: int, written: bool) -> None:
+        """Tell the relay that a record of its is written (or dropped by the sink): it counts the loss exactly."""
+        if written:
+            self.written += 1
+        else:
+            self.dropped += 1
+        if self.open:
+            self.send(frame(ACK, seq, int(written)))
+        elif written:
+            self.late_written += 1
+        else:
+            self.late_dropped += 1
+
+    def final(self) -> dict[str, int]:
+        keys = ("begun", "written", "dropped", "late_written", "late_dropped")
+        return {k: getattr(self, k) for k in keys} | {"lost": int(self.stats.get("lost_records", 0))}
 
     def received(self, data: bytes) -> None:
         try:
@@ -116,8 +142,12 @@ class Bookkeeper:
         self.connections: list[Connection] = []
         self._health: asyncio.Task[None] | None = None
         self._healthy = True
+        self.restarts: dict[str, int] = {}  # processes the supervisor restarted, by role (--workers N)
         recorder.metrics.registry.register(_RelayCollector(self))
         recorder.scraper.catch_up = self.caught_up
+        self._owners: dict[str, tuple[Connection, int]] = {}  # request id -> its relay and number there
+        self._acks: collections.deque[tuple[Connection, int] | None] = collections.deque()  # as the sink's queue
+        self._wrap_sink()
         # the moment records start failing, the relays hear of it (--fail-closed); recovery is seen by the watch
         sink = recorder.sink
         on_error = sink._on_error
@@ -128,6 +158,56 @@ class Bookkeeper:
             self._push_health()
 
         sink._on_error = failed
+
+    def _wrap_sink(self) -> None:
+        """Follow each record through the sink, so that its relay hears when it is written or dropped: the sink
+        writes in the order records are put, and counts written and dropped records in that order."""
+        sink = self.recorder.sink
+        put, on_written, on_dropped = sink.put, sink._on_written, sink._on_dropped
+        acks = self._acks
+        putting = False
+
+        def tracked_put(rec: Any) -> None:
+            nonlocal putting
+            owner = self._owners.pop(str(rec.get("request_id")), None)
+            queued, dropped = sink.queued, sink.dropped
+            putting = True
+            try:
+                put(rec)
+            finally:
+                putting = False
+            if sink.queued > queued:
+                acks.append(owner)
+            elif owner is not None and sink.dropped > dropped:
+                owner[0].ack(owner[1], False)
+
+        def written(n: int) -> None:
+            if on_written is not None:
+                on_written(n)
+            for _ in range(min(n, len(acks))):
+                owner = acks.popleft()
+                if owner is not None:
+                    owner[0].ack(owner[1], True)
+
+        def dropped(n: int) -> None:
+            if on_dropped is not None:
+                on_dropped(n)
+            if putting:  # dropped as it was put: answered in tracked_put
+                return
+            for _ in range(min(n, len(acks))):  # the queue's remainder, at the close
+                owner = acks.popleft()
+                if owner is not None:
+                    owner[0].ack(owner[1], False)
+
+        sink.put = tracked_put  # type: ignore[method-assign]
+        sink._on_written, sink._on_dropped = written, dropped
+
+    def reopen(self) -> None:
+        """SIGHUP: the record file is reopened. The sink opens it by name for every append, so the next records go
+        to the file the name now points to (logrotate's rename then create, or none: created); said, for the log."""
+        sink = self.recorder.sink
+        if sink.path is not None:
+            log.warning("record file reopened: the next records go to %s", sink.path)
 
     async def start(self) -> None:
         await self.recorder.start()
@@ -161,7 +241,10 @@ class Bookkeeper:
             if trace is not None:
                 trace.feed(t, payload)
         elif kind == BEGIN:
-            conn.traces[seq] = self._begin(t, payload)
+            conn.traces[seq] = trace = self._begin(t, payload)
+            if not trace.passthrough:  # its record is acknowledged to the relay once written
+                self._owners[trace.meta.request_id] = (conn, seq)
+                conn.begun += 1
         elif kind == HEAD:
             trace = conn.traces.get(seq)
             if trace is not None:
@@ -224,8 +307,14 @@ class Bookkeeper:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.recorder.metrics.registry)
         return 404, "text/plain", b"not an own endpoint\n"
 
+    def final(self) -> dict[str, Any]:
+        """What the bookkeeper tells the main process as it ends: per relay (by pid) what became of the records of
+        its requests, also those it could not be told of any more (it had stopped, or died)."""
+        return {"per_relay": {str(c.stats["pid"]): c.final() for c in self.connections if "pid" in c.stats}}
+
     def relay_totals(self) -> dict[str, Any]:
         relays = [c.stats for c in self.connections if c.stats]
+        live = [c.stats for c in self.connections if c.stats and c.open]
         shed: dict[str, int] = {}
         for s in relays:
             for kind, n in s.get("shed", {}).items():
@@ -236,14 +325,15 @@ class Bookkeeper:
             "pid": os.getpid(),
             "relays": len(self.connections),
             "relays_gone": sum(1 for c in self.connections if not c.open),
-            "relay_pids": sorted(int(s["pid"]) for s in relays if "pid" in s),
+            "relay_pids": sorted(int(s["pid"]) for s in live if "pid" in s),  # the relays alive now
+            "restarts": {"bookkeeper": 0, "relay": 0, **self.restarts},
             "relay_in_flight": sum(int(s.get("in_flight", 0)) for s in relays),
             "shed": shed,
             "shed_requests": sum(int(s.get("shed_requests", 0)) for s in relays),
             "lost_records": sum(int(s.get("lost_records", 0)) for s in relays),
             "backlog_bytes": sum(int(s.get("backlog_bytes", 0)) for s in relays),
             "relay_overhead_mean_s": over / count / 1e9 if count else None,
-            "per_relay": [{k: s.get(k) for k in ("pid", "requests", "in_flight", "lost_records")} for s in relays],
+            "per_relay": [{k: s.get(k) for k in ("pid", "requests", "in_flight", "lost_records")} for s in live],
         }
 
     def status(self) -> dict[str, Any]:
@@ -307,3 +397,11 @@ class _RelayCollector(Collector):
         )
         live = t["relays"] - t["relays_gone"]
         yield GaugeMetricFamily("specproxy_relays", "Relay processes (or loops) feeding this bookkeeping.", live)
+        restarts = CounterMetricFamily(
+            "specproxy_process_restarts",
+            "Proxy processes that died and were restarted by the main process, by role (bookkeeper, relay).",
+            labels=["role"],
+        )
+        for role, n in sorted(t["restarts"].items()):
+            restarts.add_metric([role], n)
+        yield restarts

@@ -30,6 +30,7 @@ QUERY = 7  # seq: query id; payload: the path of an own endpoint (/specproxy/sta
 # bookkeeper -> relay
 HEALTH = 16  # t: 1 when records can be written, 0 when not (--fail-closed)
 REPLY = 17  # seq: query id; t: HTTP status; payload: content type, a line feed, the body
+ACK = 18  # seq: the request's number; t: 1 when its record is written, 0 when the sink dropped it (counted lost)
 
 MAX_PAYLOAD = 1 << 31  # a frame longer than this is a broken stream, not an event
 

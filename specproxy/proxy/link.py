@@ -25,8 +25,10 @@ from typing import Any
 
 import orjson
 
+from specproxy.core.inference import is_inference
 from specproxy.core.request_body import SCAN_BYTES, Body
 from specproxy.proxy.events import (
+    ACK,
     BEGIN,
     CHUNK,
     FINISH,
@@ -51,20 +53,28 @@ STATS_INTERVAL_S = 0.5
 # relay's own stamps, so the delay changes no figure; records come this much later.
 FLUSH_EVERY_S = 0.005
 FLUSH_BYTES = 256 * 1024
-QUERY_TIMEOUT_S = 10.0
+QUERY_TIMEOUT_S = 2.0  # then the own endpoints answer with what the relay knows, marked partial
+GONE = 0  # a query's answer when the bookkeeper went away before it answered
+MAX_DOUBTFUL = 100_000
 
 
 class Relayed:
     """One request as its relay follows it: a number, an id, and what is known without reading anything."""
 
-    __slots__ = ("lost", "ov_max", "ov_n", "ov_ns", "request_id", "retried", "seq", "shed", "start_ns")
+    __slots__ = (
+        "cause", "finished", "inference", "lost", "ov_max", "ov_n", "ov_ns", "request_id", "retried", "seq", "shed",
+        "start_ns",
+    )  # fmt: skip
 
     def __init__(self, seq: int, start_ns: int) -> None:
         self.seq = seq
         self.start_ns = start_ns
         self.request_id = uuid.uuid4().hex[:16]
         self.shed = False  # some of its bookkeeping was shed: its record is flagged
-        self.lost = False  # not handed to the bookkeeping: no record, counted
+        self.lost = False  # not handed to the bookkeeping (or its bookkeeper died): no record, counted
+        self.cause = ""  # why it is lost
+        self.inference = True  # False: not inference (core.inference), never recorded, so never lost
+        self.finished = False
         self.ov_ns = 0  # time the relay spent on bookkeeping for this request (appending its events)
         self.ov_max = 0
         self.ov_n = 0
@@ -130,6 +140,15 @@ class EventLink:
         self._ticker: asyncio.TimerHandle | None = None
         self._last_stats: tuple[Any, ...] = ()
         self._closing = False
+        self.attached = 0  # channels attached so far (more than one: a bookkeeper was restarted)
+        self.restarts: dict[str, int] = {}  # the supervisor's count, by role
+        # inference requests handed to the bookkeeper now attached whose records it has not acknowledged yet
+        self._handed: dict[int, Relayed] = {}
+        self.finished = 0  # inference requests finished: each one is, in the end, either written or lost
+        self.written = 0  # records the bookkeeper acknowledged as written
+        self.lost_by: dict[str, int] = {}  # lost records by cause
+        self.pending = 0  # at the end: records handed over, not acknowledged before the channel closed
+        self.doubtful: list[str] = []  # request ids counted lost with a dead bookkeeper that it may have written
 
     # -- attaching ---------------------------------------------------------------------------------------------------
     def attach_local(self, send: Callable[[bytes], None]) -> None:
@@ -137,18 +156,36 @@ class EventLink:
         self._start(send, lambda: 0)
 
     async def attach_socket(self, sock: Any) -> None:
+        """A channel to a bookkeeper process: the first, or one to a bookkeeper started after the last one died
+        (requests it had not finished recording are lost with it, counted)."""
+        if self._closing:
+            sock.close()
+            return
+        old = self._side
+        if old is not None and old.transport is not None:
+            self.gone("a new bookkeeping process took over")
+            old.transport.abort()
         loop = asyncio.get_running_loop()
         _, side = await loop.create_unix_connection(lambda: _SocketSide(self), sock=sock)
         self._side = side
         transport = side.transport
         assert transport is not None
         self._every_s = FLUSH_EVERY_S
+        self._reader = FrameReader()
+        self._buf.clear()
+        self.congested = False
+        self.healthy = True
+        if self.attached:
+            log.warning("bookkeeping back: a new bookkeeping process takes this relay's events")
         self._start(transport.write, transport.get_write_buffer_size)
 
     def _start(self, send: Callable[[bytes], None], buffered: Callable[[], int]) -> None:
         self._loop = asyncio.get_running_loop()
         self._send, self._buffered = send, buffered
         self.alive = True
+        self.attached += 1
+        if self._ticker is not None:
+            self._ticker.cancel()
         self._tick()
 
     @property
@@ -162,12 +199,13 @@ class EventLink:
         r = Relayed(seq, time.perf_counter_ns())
         self.in_flight += 1
         self.requests += 1
+        r.inference = is_inference(method, path)
         if not self.alive:
-            r.lost = True
+            r.lost, r.cause = True, "no_bookkeeper"
             return r
         backlog = self.backlog
         if backlog > self.hard_bytes:
-            r.lost = True
+            r.lost, r.cause = True, "backlog"
             return r
         size = whole.size
         doc: dict[str, Any] = {
@@ -190,6 +228,8 @@ class EventLink:
         else:
             body = whole.whole()  # at most --capture-max-bytes (1 MB by default): a copy the loop can afford
         self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
+        if r.inference:
+            self._handed[seq] = r
         return r
 
     def head(self, r: Relayed, status: int, content_type: str | None, content_encoding: str | None) -> None:
@@ -219,8 +259,12 @@ class EventLink:
         self.in_flight -= 1
         self.overhead_ns += r.ov_ns
         self.overhead_count += r.ov_n
+        r.finished = True
+        if r.inference:
+            self.finished += 1
         if r.lost or not self.alive:
-            self.lost += 1
+            if r.inference:
+                self._lose(r.cause or "bookkeeper_died")
             return
         doc = orjson.dumps([outcome, error, r.ov_ns, r.ov_max, r.ov_n, r.shed, r.retried])
         self._append(FINISH, r.seq, end_ns, doc)
@@ -231,9 +275,11 @@ class EventLink:
 
     # -- the own endpoints -------------------------------------------------------------------------------------------
     async def query(self, path: str) -> tuple[int, str, bytes]:
-        """Ask the bookkeeper for an own endpoint's answer: (status, content type, body)."""
+        """Ask the bookkeeper for an own endpoint's answer: (status, content type, body). A bookkeeper that is gone
+        (restarting) or stalled does not make the endpoint wait: within :data:`QUERY_TIMEOUT_S` the answer is what
+        this relay knows itself, marked partial."""
         if not self.alive:
-            return 503, "text/plain", b"the bookkeeping process is gone: no status, records are counted lost\n"
+            return self.partial(path, "the bookkeeping process is gone (being restarted)")
         self._seq = qid = (self._seq + 1) & 0xFFFFFFFF
         fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         self._queries[qid] = fut
@@ -243,11 +289,65 @@ class EventLink:
         try:
             status, payload = await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
         except TimeoutError:
-            return 503, "text/plain", b"the bookkeeping process did not answer in time\n"
+            return self.partial(path, f"the bookkeeping process did not answer within {QUERY_TIMEOUT_S:g} s")
         finally:
             self._queries.pop(qid, None)
+        if status == GONE:
+            return self.partial(path, "the bookkeeping process is gone (being restarted)")
         content_type, body = split_reply(payload)
         return status, content_type, body
+
+    def partial(self, path: str, why: str) -> tuple[int, str, bytes]:
+        """What this relay knows without the bookkeeper (its own counters), marked ``partial``: the records, the
+        engine and the other relays are the bookkeeper's."""
+        s = self.stats()
+        s["lost_by"] = dict(self.lost_by)
+        s["restarts"] = restarts = {"bookkeeper": 0, "relay": 0, **self.restarts}
+        if path == "/specproxy/metrics":
+            lines = [
+                "# HELP specproxy_status_partial 1: only this relay's own counters; the bookkeeping did not answer.",
+                "# TYPE specproxy_status_partial gauge",
+                "specproxy_status_partial 1.0",
+                "# TYPE specproxy_bookkeeping_shed_total counter",
+                *(f'specproxy_bookkeeping_shed_total{{kind="{k}"}} {float(v)}' for k, v in sorted(s["shed"].items())),
+                "# TYPE specproxy_records_lost_total counter",
+                f"specproxy_records_lost_total {float(self.lost)}",
+                "# TYPE specproxy_bookkeeping_backlog_bytes gauge",
+                f"specproxy_bookkeeping_backlog_bytes {float(s['backlog_bytes'])}",
+                "# TYPE specproxy_process_restarts_total counter",
+                *(f'specproxy_process_restarts_total{{role="{k}"}} {float(v)}' for k, v in sorted(restarts.items())),
+            ]
+            return 200, "text/plain; version=0.0.4; charset=utf-8", ("\n".join(lines) + "\n").encode()
+        if path != "/specproxy/status":
+            return 503, "text/plain", f"{why}\n".encode()
+        doc = {"partial": True, "why": why, "bookkeeping": s | {"relay_pids": [s["pid"]]}}
+        return 200, "application/json", orjson.dumps(doc)
+
+    def _lose(self, cause: str) -> None:
+        self.lost += 1
+        self.lost_by[cause] = self.lost_by.get(cause, 0) + 1
+
+    def _forget_handed(self, cause: str) -> None:
+        """The bookkeeper is gone: what it held of its requests (in flight, or finished and not yet written) died
+        with it. Finished ones are counted lost now, the others when they finish."""
+        for r in self._handed.values():
+            if r.finished:
+                self._lose(cause)
+                if cause == "bookkeeper_died" and len(self.doubtful) < MAX_DOUBTFUL:
+                    # it may have been written in the moment before the death, its acknowledgement lost with it:
+                    # the main process looks for it in the record file at the end
+                    self.doubtful.append(r.request_id)
+            else:
+                r.lost, r.cause = True, cause
+        self._handed.clear()
+
+    def final(self) -> dict[str, Any]:
+        """What this relay tells the main process as it ends: every inference request it finished is either
+        written (acknowledged) or lost, by cause."""
+        return {
+            "lost": self.lost, "lost_by": dict(self.lost_by), "finished": self.finished, "written": self.written,
+            "pending": self.pending, "doubtful": self.doubtful,
+        }  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -302,6 +402,14 @@ class EventLink:
         for kind, seq, t, payload in frames:
             if kind == HEALTH:
                 self.healthy = bool(t)
+            elif kind == ACK:
+                r = self._handed.pop(seq, None)
+                if r is not None:
+                    if t:
+                        self.written += 1
+                    else:
+                        self._lose("sink")
+                        r.lost = True
             elif kind == REPLY:
                 fut = self._queries.get(seq)
                 if fut is not None and not fut.done():
@@ -314,10 +422,11 @@ class EventLink:
         self.healthy = False
         if self._closing:
             return
+        self._forget_handed("bookkeeper_died")
         log.error("bookkeeping lost (%s): relaying goes on, records are counted lost", why)
         for fut in self._queries.values():
             if not fut.done():
-                fut.set_result((503, b"text/plain\nthe bookkeeping process is gone\n"))
+                fut.set_result((GONE, b""))
 
     def _stats(self, *, force: bool = False) -> None:
         s = self.stats()
@@ -345,11 +454,17 @@ class EventLink:
         if side is None or side.transport is None:
             self.alive = False
             return
-        side.transport.close()  # after what is buffered has gone out
+        # the end of the events, after what is buffered; acknowledgements still come until the bookkeeper closes
+        if self.alive and side.transport.can_write_eof():
+            side.transport.write_eof()
+        else:
+            side.transport.close()
         try:
             await asyncio.wait_for(asyncio.shield(side.closed), within_s)
         except TimeoutError:
             log.error("the bookkeeping process did not take the last events within %g s: records lost", within_s)
-            self.lost += 1
+            self._forget_handed("unacknowledged")
             side.transport.abort()
+        # records not acknowledged yet: the bookkeeper writes them after this relay has gone, and says so itself
+        self.pending = sum(1 for r in self._handed.values() if r.finished)
         self.alive = False
