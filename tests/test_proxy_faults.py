@@ -406,13 +406,17 @@ async def test_sigterm_mid_stream_drains_and_loses_no_record(tmp_path: Path) -> 
         line = await asyncio.wait_for(proc.stderr.readline(), 20)
         url = line.split()[2].decode()
         async with aiohttp.ClientSession() as s:
+            flowing = asyncio.Semaphore(0)
 
             async def stream() -> bytes:
                 async with s.post(url + "/v1/chat/completions", json=chat_body(max_tokens=300)) as r:
-                    return await r.read()
+                    body = await r.content.readany()
+                    flowing.release()
+                    return body + await r.read()
 
             tasks = [asyncio.create_task(stream()) for _ in range(3)]
-            await asyncio.sleep(0.4)
+            for _ in tasks:  # every stream flows, however slow the host: the signal comes mid-stream
+                await asyncio.wait_for(flowing.acquire(), 20)
             proc.send_signal(signal.SIGTERM)
             bodies = await asyncio.gather(*tasks)
         rc = await asyncio.wait_for(proc.wait(), 30)

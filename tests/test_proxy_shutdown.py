@@ -94,7 +94,7 @@ async def test_second_sigterm_cuts_every_stream_and_writes_its_record(tmp_path: 
             await streams.all_started()
             t0 = loop.time()
             proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
-            await asyncio.sleep(0.5)
+            await _logged(proc, b"SIGTERM: stopping")  # handled: a second one now is the second signal
             proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
             fates = await streams.fates()
             rc = await asyncio.wait_for(proc.wait(), 20)  # type: ignore[attr-defined]
