@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections import Counter
 
 from specproxy.analysis.compare import build_comparison
-from specproxy.analysis.confidence import Interval, median_of_ratios, pooled_ratio, ratio_of_medians, speedup_verdict
+from specproxy.analysis.confidence import (
+    Interval,
+    _resampled_median,
+    median_of_ratios,
+    pooled_ratio,
+    ratio_of_medians,
+    speedup_verdict,
+)
 from specproxy.core.record import Record
+from specproxy.core.stats import median
 from tests.analysisutil import T0, make_record
 
 
@@ -71,3 +81,31 @@ def test_intervals_are_deterministic_and_need_data() -> None:
     assert speedup_verdict(0.97, Interval(0.95, 0.99)) == "not distinguishable from 1.00x"
     assert speedup_verdict(1.06, Interval(1.031, 1.09)) == "faster"
     assert speedup_verdict(0.94, Interval(0.91, 0.969)) == "slower"
+
+
+def test_a_resampled_median_has_the_distribution_of_drawing_the_resample() -> None:
+    # Every resample of n from n, enumerated: the exact distribution of its median. The shortcut, which draws the
+    # median's order statistics instead of n values, must give the same one, for odd and even n and with ties.
+    for xs in ([1.0, 2.0, 2.0, 7.0], [0.5, 1.0, 3.0, 4.0, 9.0]):
+        n = len(xs)
+        exact: Counter[float] = Counter()
+        for draw in itertools.product(xs, repeat=n):
+            m = median(draw)
+            assert m is not None
+            exact[m] += 1
+        rng = random.Random(7)
+        trials = 40_000
+        got = Counter(_resampled_median(xs, rng) for _ in range(trials))
+        assert set(got) <= set(exact)
+        for value, count in exact.items():
+            assert abs(got[value] / trials - count / n**n) < 0.012, (xs, value)
+
+
+def test_intervals_are_reproducible_from_the_seed_and_change_with_it() -> None:
+    rng = random.Random(5)
+    base = [rng.lognormvariate(3, 0.3) for _ in range(500)]
+    other = [rng.lognormvariate(3.05, 0.3) for _ in range(501)]
+    assert ratio_of_medians(base, other, seed=3) == ratio_of_medians(base, other, seed=3)
+    assert ratio_of_medians(base, other, seed=3) != ratio_of_medians(base, other, seed=4)
+    ci = ratio_of_medians(base, other)
+    assert ci is not None and ci.lo < 1.05 < ci.hi and ci.hi - ci.lo < 0.15

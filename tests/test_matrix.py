@@ -38,6 +38,11 @@ FEW = {  # two prompts: fewer than the requests per workload, which must not cha
 }
 
 
+# Long enough for the stubborn server to start its child, write their PIDs and print its line on a busy host (Python
+# itself takes a while to start there), which the test then checks; short enough not to stretch the test much.
+STUBBORN_TIMEOUT_S = 5
+
+
 def _matrix(tmp: Path) -> Path:
     (tmp / "few.json").write_text(orjson.dumps(FEW).decode())
     stubborn = f"{sys.executable} {HERE / 'matrix_stubborn.py'} {{results}}/stubborn.pids"
@@ -55,7 +60,7 @@ configurations:
   - label: exits
     command: ["{{python}}", "-c", "import sys; print('cannot load the weights'); sys.exit(3)"]
   - {{label: MTP-n3, command: "{SIM} --spec-method mtp -k 3"}}
-  - {{label: stubborn, command: "{stubborn}", start_timeout: 1.5}}
+  - {{label: stubborn, command: "{stubborn}", start_timeout: {STUBBORN_TIMEOUT_S}}}
 """
     path = tmp / "m.yaml"
     path.write_text(text)
@@ -106,7 +111,8 @@ async def test_matrix_measures_each_configuration_alike_and_survives_failures(tm
     assert "not in this table (not measured): exits, stubborn; speedups are over Base" in out.text
     assert "exits: failed: exited with code 3 before it was healthy" in out.text
     assert "  | cannot load the weights" in out.text
-    assert "stubborn: failed: not healthy after 1.5 s" in out.text and "  | loading the model (forever)" in out.text
+    assert f"stubborn: failed: not healthy after {STUBBORN_TIMEOUT_S} s" in out.text
+    assert "  | loading the model (forever)" in out.text
     manifest = orjson.loads((folder / "manifest.json").read_bytes())["configurations"]
     assert manifest["Base"]["status"] == "measured" and manifest["exits"]["status"] == "failed"
     assert "cannot load the weights" in manifest["exits"]["log_tail"]

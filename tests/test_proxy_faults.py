@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -26,17 +27,33 @@ async def _records(px: object) -> list[dict[str, object]]:
     return px.records()  # type: ignore[attr-defined,no-any-return]
 
 
-async def _all_aborted(s: aiohttp.ClientSession, sim_url: str) -> None:
-    """Poll the simulator's truth until every request it saw is aborted (or fail after 2 s)."""
-    reqs: list[dict[str, object]] = []
-    for _ in range(100):
-        async with s.get(sim_url + "/sim/requests") as r:
-            listing = await r.json()
-        reqs = listing if isinstance(listing, list) else listing.get("requests", [])
+async def _sim_requests(s: aiohttp.ClientSession, sim_url: str) -> list[dict[str, Any]]:
+    async with s.get(sim_url + "/sim/requests") as r:
+        listing = await r.json()
+    return listing if isinstance(listing, list) else listing.get("requests", [])  # type: ignore[no-any-return]
+
+
+async def _all_aborted(s: aiohttp.ClientSession, sim_url: str) -> list[dict[str, Any]]:
+    """Poll the simulator's truth until every request it saw is aborted (or fail after 10 s); their whole truths."""
+    reqs: list[dict[str, Any]] = []
+    for _ in range(500):
+        reqs = await _sim_requests(s, sim_url)
         if reqs and all(q.get("aborted") for q in reqs):
-            return
+            truths = []
+            for q in reqs:
+                async with s.get(f"{sim_url}/sim/requests/{q['id']}") as r:
+                    truths.append(await r.json())
+            return truths
         await asyncio.sleep(0.02)
     raise AssertionError(f"not every request was aborted: {reqs}")
+
+
+async def _until_received(s: aiohttp.ClientSession, sim_url: str) -> None:
+    for _ in range(500):
+        if await _sim_requests(s, sim_url):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the request never reached the simulator")
 
 
 async def test_upstream_down_gives_502_json_and_a_record(tmp_path: Path) -> None:
@@ -157,28 +174,33 @@ async def test_idle_timeout_breaks_the_stream_and_records_timeout(tmp_path: Path
 async def test_client_disconnect_cancels_upstream_within_1s(tmp_path: Path, when: str) -> None:
     async with running_sim(speed=1.0) as sim, running_proxy(sim.url, tmp_path) as px:
         headers = {"X-Sim-Fault": "stall=5"} if when == "before_first_byte" else {}
-        loop = asyncio.get_running_loop()
         rid = None
         async with aiohttp.ClientSession() as s:
             body = chat_body(CODE_PROMPT, max_tokens=2000)
+
+            first_chunk = asyncio.Event()
 
             async def go() -> None:
                 nonlocal rid
                 async with s.post(px.url + "/v1/chat/completions", json=body, headers=headers) as r:
                     rid = r.headers["X-Specproxy-Request-Id"]
                     async for _ in r.content.iter_any():
-                        pass
+                        first_chunk.set()
 
             task = asyncio.create_task(go())
-            await asyncio.sleep(0.5)
+            if when == "mid_stream":
+                await asyncio.wait_for(first_chunk.wait(), 20)
+            else:
+                await _until_received(s, sim.url)
+                assert not first_chunk.is_set()  # the stall holds the first byte back
             task.cancel()  # the client goes away: its connection closes
-            cancelled_at = loop.time()
+            cancelled_at = sim.state.now()  # the simulator runs in this process: its clock, read directly
             with pytest.raises(asyncio.CancelledError):
                 await task
         # the simulator saw the abort (vLLM frees the GPU at that moment)
         async with aiohttp.ClientSession() as s:
-            await _all_aborted(s, sim.url)
-            assert loop.time() - cancelled_at < 1.0
+            (req,) = await _all_aborted(s, sim.url)
+            assert float(req["aborted_at_s"]) - cancelled_at < 1.0
         (rec,) = await _records(px)
         assert rec["outcome"] == "client_cancelled"
 
@@ -186,23 +208,26 @@ async def test_client_disconnect_cancels_upstream_within_1s(tmp_path: Path, when
 async def test_real_proxy_process_frees_the_engine_when_client_leaves_during_prefill(tmp_path: Path) -> None:
     """The same through ``specproxy proxy`` as a user starts it (the server's handler cancellation is what makes a
     disconnect before the first byte reach the engine)."""
-    async with sim_process() as sim_url, proxy_process(sim_url, tmp_path / "r.jsonl") as (url, _):
-        loop = asyncio.get_running_loop()
-        async with aiohttp.ClientSession() as s:
+    async with (
+        sim_process() as sim_url,
+        proxy_process(sim_url, tmp_path / "r.jsonl") as (url, _),
+        aiohttp.ClientSession() as s,
+    ):
 
-            async def go() -> None:
-                headers = {"X-Sim-Fault": "stall=5"}
-                async with s.post(url + "/v1/chat/completions", json=chat_body(), headers=headers) as r:
-                    await r.read()
+        async def go() -> None:
+            headers = {"X-Sim-Fault": "stall=5"}
+            async with s.post(url + "/v1/chat/completions", json=chat_body(), headers=headers) as r:
+                await r.read()
 
-            task = asyncio.create_task(go())
-            await asyncio.sleep(0.5)
-            task.cancel()
-            cancelled_at = loop.time()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            await _all_aborted(s, sim_url)
-            assert loop.time() - cancelled_at < 1.0
+        task = asyncio.create_task(go())
+        await _until_received(s, sim_url)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        (req,) = await _all_aborted(s, sim_url)
+        # on the simulator's clock, from its taking the request (before the test saw it and cancelled) to the
+        # abort: at least the cancel-to-abort time, and nothing of the wait for the truth to show it, however busy
+        assert float(req["aborted_at_s"]) - float(req["started_at_s"]) < 1.0
 
 
 async def test_metrics_hanging_does_not_slow_traffic(tmp_path: Path) -> None:
@@ -298,7 +323,11 @@ async def test_counter_reset_detected_no_negative_or_inflated(tmp_path: Path) ->
         running_proxy(sim.url, tmp_path, rec_k=3) as px,
         aiohttp.ClientSession() as s,
     ):
-        await asyncio.sleep(0.1)
+        for _ in range(1000):  # the scraper has its first snapshot: the counters' baseline before the reset
+            if px.recorder.scraper.state.ok:
+                break
+            await asyncio.sleep(0.01)
+        assert px.recorder.scraper.state.ok
         async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=200)) as r:
             await r.read()
         async with s.post(sim.url + "/sim/reset-counters") as r:
@@ -377,13 +406,17 @@ async def test_sigterm_mid_stream_drains_and_loses_no_record(tmp_path: Path) -> 
         line = await asyncio.wait_for(proc.stderr.readline(), 20)
         url = line.split()[2].decode()
         async with aiohttp.ClientSession() as s:
+            flowing = asyncio.Semaphore(0)
 
             async def stream() -> bytes:
                 async with s.post(url + "/v1/chat/completions", json=chat_body(max_tokens=300)) as r:
-                    return await r.read()
+                    body = await r.content.readany()
+                    flowing.release()
+                    return body + await r.read()
 
             tasks = [asyncio.create_task(stream()) for _ in range(3)]
-            await asyncio.sleep(0.4)
+            for _ in tasks:  # every stream flows, however slow the host: the signal comes mid-stream
+                await asyncio.wait_for(flowing.acquire(), 20)
             proc.send_signal(signal.SIGTERM)
             bodies = await asyncio.gather(*tasks)
         rc = await asyncio.wait_for(proc.wait(), 30)

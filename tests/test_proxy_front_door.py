@@ -20,6 +20,9 @@ from tests.proxyutil import raw_exchange, running_proxy, started_proxy
 from tests.upstreams import Script, capture_pieces, start_raw_upstream, start_upstream
 
 SHORT = 0.3  # the client timeouts these tests configure
+# The slow-client test's head and body timeouts: the clients that must be served send their heads at once, but on a
+# busy host "at once" can take a good part of 0.3 s; the stream alongside lasts several times this.
+CLIENT_TIMEOUT_S = 1.0
 
 
 async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -43,10 +46,11 @@ async def _read_response(reader: asyncio.StreamReader) -> bytes:
 
 async def test_slow_clients_are_closed_while_a_stream_flows(tmp_path: Path) -> None:
     pieces = capture_pieces("chat-stream-ngram-k3-code.sse")[:30]
-    up = await start_upstream(lambda req, body: Script(pieces, pause_s=0.1))  # a stream of 3 s or more
+    up = await start_upstream(lambda req, body: Script(pieces, pause_s=0.15))  # a stream of 4.5 s or more
+    timeouts = {"client_header_timeout_s": CLIENT_TIMEOUT_S, "client_body_timeout_s": CLIENT_TIMEOUT_S}
     try:
         async with (
-            started_proxy(up.url, tmp_path, client_header_timeout_s=SHORT, client_body_timeout_s=SHORT) as px,
+            started_proxy(up.url, tmp_path, **timeouts) as px,
             aiohttp.ClientSession() as s,
         ):
             loop = asyncio.get_running_loop()
@@ -79,6 +83,7 @@ async def test_slow_clients_are_closed_while_a_stream_flows(tmp_path: Path) -> N
             assert (await _read_response(idle_r)).startswith(b"HTTP/1.1 200")
 
             closed = await asyncio.gather(*(_read_until_closed(r) for r in (silent, trickle_r, body_r, kept_r)))
+            assert not streaming.done()
             body, stream_end = await streaming
             await trickling
             assert body == b"".join(pieces)  # the stream alongside was relayed whole

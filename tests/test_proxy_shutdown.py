@@ -34,6 +34,7 @@ class Streams:
         self.session = session
         self.url = url
         self.started = 0
+        self.chunks = 0
         self.tasks: list[asyncio.Task[str]] = []
 
     def open(self, n: int, path: str) -> None:
@@ -44,6 +45,7 @@ class Streams:
         try:
             async with self.session.post(self.url + path, data=b'{"stream": true}') as r:
                 async for _ in r.content.iter_any():
+                    self.chunks += 1
                     if first:
                         self.started, first = self.started + 1, False
             return "finished"
@@ -57,8 +59,24 @@ class Streams:
             await asyncio.sleep(0.02)
         raise AssertionError(f"{self.started} of {len(self.tasks)} streams started")
 
+    async def chunks_read(self, n: int) -> None:
+        for _ in range(1000):
+            if self.chunks >= n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{self.chunks} of {n} chunks read")
+
     async def fates(self) -> list[str]:
         return list(await asyncio.gather(*self.tasks))
+
+
+async def _logged(proc: object, text: bytes) -> None:
+    """Read the process's log until a line holding ``text``: the signal was handled, whatever the host's speed."""
+    stderr = proc.stderr  # type: ignore[attr-defined]
+    while line := await asyncio.wait_for(stderr.readline(), 20):
+        if text in line:
+            return
+    raise AssertionError(f"the proxy exited without logging {text!r}")
 
 
 async def test_second_sigterm_cuts_every_stream_and_writes_its_record(tmp_path: Path) -> None:
@@ -76,7 +94,7 @@ async def test_second_sigterm_cuts_every_stream_and_writes_its_record(tmp_path: 
             await streams.all_started()
             t0 = loop.time()
             proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
-            await asyncio.sleep(0.5)
+            await _logged(proc, b"SIGTERM: stopping")  # handled: a second one now is the second signal
             proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
             fates = await streams.fates()
             rc = await asyncio.wait_for(proc.wait(), 20)  # type: ignore[attr-defined]
@@ -145,14 +163,16 @@ async def test_a_third_signal_while_records_are_written_loses_none(tmp_path: Pat
             streams = Streams(s, url)
             streams.open(1, "/v1/chat/completions")
             await streams.all_started()
-            await asyncio.sleep(0.2)  # a few chunks: the record will wait for a closing scrape
+            await streams.chunks_read(3)  # more than one token chunk: the record will wait for a closing scrape
             proc.send_signal(signal.SIGINT)  # type: ignore[attr-defined]
-            await asyncio.sleep(0.3)
+            await _logged(proc, b"SIGINT: stopping")
             proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
-            assert await streams.fates() == ["cut"]
-            await asyncio.sleep(0.3)
+            await _logged(proc, b"SIGTERM again: cutting")
+            # the cut record now waits up to CLOSE_SCRAPE_WAIT_S for the scrape the hung /metrics never answers
             assert proc.returncode is None  # type: ignore[attr-defined]  # still writing the record
             proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+            await _logged(proc, b"SIGTERM: already stopping, writing the last records")
+            assert await streams.fates() == ["cut"]
             rc = await asyncio.wait_for(proc.wait(), 20)  # type: ignore[attr-defined]
         assert rc == 128 + signal.SIGTERM
         (rec,) = read_records(record)

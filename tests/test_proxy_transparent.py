@@ -12,7 +12,6 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from tests.proxyutil import running_proxy
 from tests.upstreams import DATA, Script, capture_pieces, start_upstream
@@ -230,10 +229,6 @@ async def test_own_metrics_and_status_not_forwarded(tmp_path: Path) -> None:
             assert up.seen == []
     finally:
         await up.server.close()
-
-
-def _unused(_: web.Request) -> None:  # keeps the import used for type checkers
-    return None
 
 
 async def test_gzip_event_stream_relayed_compressed_and_still_recorded(tmp_path: Path) -> None:

@@ -170,6 +170,14 @@ async def _until_ready_no_scrape(s: aiohttp.ClientSession, url: str) -> dict[str
     raise AssertionError("the relay never reported")
 
 
+async def _until_in_flight(s: aiohttp.ClientSession, url: str, n: int) -> None:
+    for _ in range(1000):
+        if (await _status(s, url))["in_flight"] == n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{n} requests never were in flight together")
+
+
 async def test_sigterm_mid_stream_records_shutdown_and_leaves_no_process(tmp_path: Path) -> None:
     record = tmp_path / "r.jsonl"
     args = ("--workers", "2", "--metrics-url", "none", "--drain-timeout", "0.5")
@@ -182,10 +190,7 @@ async def test_sigterm_mid_stream_records_shutdown_and_leaves_no_process(tmp_pat
         st = await _until_ready_no_scrape(s, url)
         pids = [st["bookkeeping"]["pid"], *st["bookkeeping"]["relay_pids"]]
         streams = [asyncio.ensure_future(_stream(s, url, chat_body(JA_PROMPT, max_tokens=2000))) for _ in range(6)]
-        for _ in range(200):  # every stream has begun
-            if (await _status(s, url))["in_flight"] == 6:
-                break
-            await asyncio.sleep(0.02)
+        await _until_in_flight(s, url, 6)  # every stream has begun
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0  # cut by the drain timeout: the configured way to stop
         for fut in streams:
@@ -210,7 +215,7 @@ async def test_a_killed_bookkeeper_breaks_no_stream_and_the_exit_says_records_we
         keeper, relay = st["bookkeeping"]["pid"], st["bookkeeping"]["relay_pids"][0]
         body = chat_body(CODE_PROMPT, max_tokens=200)
         streams = [asyncio.ensure_future(_stream(s, url, body)) for _ in range(4)]
-        await asyncio.sleep(0.3)
+        await _until_in_flight(s, url, 4)  # the bookkeeper dies under streams that flow, however slow the host
         os.kill(keeper, signal.SIGKILL)
         done = await asyncio.wait_for(asyncio.gather(*streams), 30)  # every stream ends cleanly
         assert len(done) == 4

@@ -23,7 +23,7 @@ from specproxy.core.tokens import ApproxTokenizer, TokenizerError, load_model_to
 from tests.proxyutil import proxy_process, running_proxy
 from tests.upstreams import Script, start_upstream
 
-tokenizers = pytest.importorskip("tokenizers", reason="the 'tokenizers' package (specproxy[tokenizer]) is needed")
+pytest.importorskip("tokenizers", reason="the 'tokenizers' package (specproxy[tokenizer]) is needed")
 
 SENTENCES = [
     "internationalization of the application needs careful configuration",

@@ -243,10 +243,6 @@ def stats_of(records: Iterable[Record]) -> WorkloadStats:
     return stats
 
 
-def warnings_for(records: Sequence[Record], acc: Acceptance) -> list[str]:
-    return warnings_of(stats_of(records), acc)
-
-
 def warnings_of(stats: WorkloadStats, acc: Acceptance) -> list[str]:
     out: list[str] = []
     zero_flagged = stats.zero_flagged

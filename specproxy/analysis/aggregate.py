@@ -16,7 +16,7 @@ from typing import Any
 from specproxy.analysis.acceptance import Acceptance, pool_acceptance
 from specproxy.analysis.slo import FigureSpec, goodput, percentile_name
 from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
-from specproxy.core.record import Record, number
+from specproxy.core.record import Record
 from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
 
 GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "turn", "path", "method", "engine")
@@ -147,11 +147,6 @@ def request_tpot_s(rec: Record) -> float | None:
 
 def values(records: Iterable[Record], get: Callable[[Record], float | None]) -> list[float]:
     return [v for v in map(get, records) if v is not None]
-
-
-def field_getter(name: str) -> Callable[[Record], float | None]:
-    """A getter of a numeric field chosen at run time (an optional one included)."""
-    return lambda r: number(r.get(name))
 
 
 def gaps(records: Iterable[Record]) -> tuple[list[float], list[float]]:

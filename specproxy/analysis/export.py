@@ -74,8 +74,8 @@ COLUMNS: tuple[tuple[str, str, Callable[[Record], Any]], ...] = (
 
 def _pyarrow() -> Any:
     try:
-        import pyarrow  # type: ignore[import-untyped]
-        import pyarrow.parquet  # type: ignore[import-untyped]
+        import pyarrow
+        import pyarrow.parquet
     except ImportError:
         raise ExportError(
             "--format parquet needs pyarrow: pip install 'specproxy[export]' (or use --format csv)"

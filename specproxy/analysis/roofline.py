@@ -89,8 +89,3 @@ def roofline(
     if extra_bytes_per_token < 0:
         raise ValueError("extra bytes per token must be >= 0")
     return Roofline(params, active, bytes_per_param, extra_bytes_per_token, bandwidth_bytes_s)
-
-
-def measured_ceiling_tok_s(bandwidth_bytes_s: float, read_bytes_per_token: float) -> float | None:
-    """The ceiling from the bytes the engine says it read per token, when it said."""
-    return bandwidth_bytes_s / read_bytes_per_token if read_bytes_per_token > 0 else None

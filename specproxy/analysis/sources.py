@@ -24,7 +24,6 @@ from typing import IO, Any
 
 from specproxy.core.record import log
 
-COMPRESSIONS = ("gz", "zst")
 _NAME = re.compile(r"^(?P<base>.+?)(?:\.(?P<index>\d+))?(?:\.(?P<comp>gz|zst))?$")
 
 

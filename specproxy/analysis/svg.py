@@ -215,13 +215,3 @@ def line_chart(
                 for px, py in ps
             )
     return _frame(name, title, body, [n for n, _ in lines], colors)
-
-
-def cdf_points(values: Sequence[float], scale: float = 1.0, max_points: int = 200) -> list[tuple[float, float]]:
-    """Empirical CDF as at most ``max_points`` (value * scale, fraction <= value) points."""
-    xs = sorted(values)
-    if not xs:
-        return []
-    n = len(xs)
-    idx = sorted({round(i * (n - 1) / (max_points - 1)) for i in range(max_points)}) if n > max_points else range(n)
-    return [(xs[i] * scale, (i + 1) / n) for i in idx]

@@ -8,13 +8,10 @@ synchronous: these commands have no network IO, so they don't go through the eve
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 import typer
 
 from specproxy.analysis import render, render_advise, render_compare
@@ -27,66 +24,18 @@ from specproxy.analysis.batchcost import build_batch_advice
 from specproxy.analysis.compare import METRICS, ComparisonBuilder
 from specproxy.analysis.html import render_html
 from specproxy.analysis.html_input import ChartInput
-from specproxy.analysis.inputs import InputError, read_runs, worth_a_second_process
-from specproxy.analysis.scan import ChunkBatch, Item
 from specproxy.analysis.slo import FigureSpec, SloSpec, parse_percentiles, parse_slo
-from specproxy.analysis.tables import Table, render_csv, render_md, render_text
-from specproxy.commands.common import command, fail
+from specproxy.analysis.tables import render_md, render_text
+from specproxy.commands.common import TABLE_FORMATS, as_json, choice, command, emit, fail, scan_runs, tabular
+from specproxy.commands.options import OutputOpt
 
 REPORT_FORMATS = ("table", "md", "csv", "json", "html")
-TABLE_FORMATS = ("table", "md", "csv", "json")
 ADVISE_FORMATS = ("table", "md", "json")
 
 RunsArg = Annotated[
     list[Path],
     typer.Argument(metavar="RUN", help="Record files (rotations included) or directories.", show_default=False),
 ]
-OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write here instead of stdout.")]
-
-
-def _scan(paths: Sequence[Path], *feeds: Callable[[Item, ChunkBatch], None]) -> None:
-    """One pass over the runs' records into ``feeds``; a run that cannot be read is a clean failure (exit 2) naming
-    the path and line."""
-    batch = ChunkBatch(parallel=worth_a_second_process(paths))
-    try:
-        for item in read_runs(paths):
-            for feed in feeds:
-                feed(item, batch)
-        batch.flush()
-    except InputError as e:
-        fail(str(e))
-
-
-def _choice(value: str, allowed: Sequence[str], option: str) -> str:
-    if value not in allowed:
-        fail(f"{option} must be one of {', '.join(allowed)}, got {value!r}")
-    return value
-
-
-def _emit(text: str, output: Path | None) -> None:
-    if output is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as e:
-        fail(f"{output}: cannot write: {e.strerror or e}")
-
-
-def _json(obj: Any) -> str:
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n"
-
-
-def _tabular(
-    fmt: str, tables: list[Table], csv_data: tuple[list[str], list[list[Any]]] | None, json_obj: dict[str, Any]
-) -> str:
-    if fmt == "json":
-        return _json(json_obj)
-    if fmt == "md":
-        return render_md(tables)
-    if fmt == "csv" and csv_data is not None:
-        return render_csv(*csv_data)
-    return render_text(tables)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,18 +85,18 @@ def parse_by(value: str) -> tuple[str, ...]:
 def run_report(cfg: ReportConfig) -> None:
     builder = ReportBuilder(cfg.by, cfg.spec)
     charts = ChartInput(cfg.by) if cfg.format == "html" else None
-    _scan(cfg.runs, builder.add, *([charts.add] if charts is not None else []))
+    scan_runs(cfg.runs, builder.add, *([charts.add] if charts is not None else []))
     if charts is not None and not charts.items:  # no generation request at all: chart everything instead
         charts = ChartInput(cfg.by, only_generating=False)
-        _scan(cfg.runs, charts.add)
+        scan_runs(cfg.runs, charts.add)
     report = builder.build()
     inputs = [str(p) for p in cfg.runs]
     tables = render.report_tables(report)
     if charts is not None:
         text = render_html(report, charts, tables, cfg.title, inputs)
     else:
-        text = _tabular(cfg.format, tables, render.report_csv(report), render.report_json(report, inputs))
-    _emit(text, cfg.output)
+        text = tabular(cfg.format, tables, render.report_csv(report), render.report_json(report, inputs))
+    emit(text, cfg.output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,18 +111,18 @@ class CompareConfig:
 
 def run_compare(cfg: CompareConfig) -> None:
     builder = ComparisonBuilder(cfg.slo)
-    _scan(cfg.runs, builder.add)
+    scan_runs(cfg.runs, builder.add)
     try:
         c = builder.build(cfg.baseline, cfg.metric)
     except ValueError as e:
         fail(str(e))
-    text = _tabular(
+    text = tabular(
         cfg.format,
         render_compare.compare_tables(c),
         render_compare.compare_csv(c),
         render_compare.compare_json(c, [str(p) for p in cfg.runs]),
     )
-    _emit(text, cfg.output)
+    emit(text, cfg.output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,13 +140,13 @@ class AdviseConfig:
 
 def run_advise(cfg: AdviseConfig) -> None:
     data = AdviseInput(cfg.workloads)
-    _scan(cfg.runs, data.add)
+    scan_runs(cfg.runs, data.add)
     if cfg.workloads:
         missing = [w for w in cfg.workloads if w not in data.seen]
         if missing:
             fail(f"workload {', '.join(missing)} not in the runs; workloads: {', '.join(data.seen)}")
     if cfg.baseline_runs:
-        _scan(cfg.baseline_runs, lambda item, batch: data.add(item, batch, baseline=True))
+        scan_runs(cfg.baseline_runs, lambda item, batch: data.add(item, batch, baseline=True))
     batch = build_batch_advice([*data.baseline_details, *data.details], cfg.max_k)
     low = next((b for b in batch.buckets if b.draft_cost is not None and b.base_step_s), None) if batch.enough else None
     advice = data.advice(
@@ -218,12 +167,12 @@ def run_advise(cfg: AdviseConfig) -> None:
         )
     if cfg.format == "json":
         doc = render_advise.advise_json(advice, [str(p) for p in cfg.runs])
-        text = _json(doc | render_advise.advise_extra_json(measured, batch))
+        text = as_json(doc | render_advise.advise_extra_json(measured, batch))
     else:
         tables = render_advise.advise_tables(advice) + render_advise.advise_extra_tables(measured, batch)
         body = render_md(tables) if cfg.format == "md" else render_text(tables)
         text = render_advise.cost_text(advice) + "\n\n" + body
-    _emit(text, cfg.output)
+    emit(text, cfg.output)
 
 
 def register(app: typer.Typer) -> None:
@@ -241,7 +190,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per workload and configuration: throughput, latency, acceptance, and where each figure came from."""
         spec = figure_spec(percentiles, slo)
-        cfg = ReportConfig(tuple(runs), _choice(format, REPORT_FORMATS, "--format"), parse_by(by), output, title, spec)
+        cfg = ReportConfig(tuple(runs), choice(format, REPORT_FORMATS, "--format"), parse_by(by), output, title, spec)
         run_report(cfg)
 
     @command(app, "compare")
@@ -259,8 +208,8 @@ def register(app: typer.Typer) -> None:
         cfg = CompareConfig(
             tuple(runs),
             baseline,
-            _choice(metric, METRICS, "--metric"),
-            _choice(format, TABLE_FORMATS, "--format"),
+            choice(metric, METRICS, "--metric"),
+            choice(format, TABLE_FORMATS, "--format"),
             output,
             figure_spec(None, slo).slo,
         )
@@ -302,7 +251,7 @@ def register(app: typer.Typer) -> None:
             base_step_ms / 1000.0 if base_step_ms is not None else None,
             max_k,
             tuple(workload or ()),
-            _choice(format, ADVISE_FORMATS, "--format"),
+            choice(format, ADVISE_FORMATS, "--format"),
             output,
             figure_spec(None, slo).slo,
         )

@@ -1,5 +1,6 @@
 """Shared command plumbing: the one error boundary, command registration through it, the uvloop entry, host:port
-parsing.
+parsing, and what several commands do alike with their options and output (a choice among values, writing the
+output, rendering tables in a chosen format, one pass over record files).
 
 Every failure a user sees is written by :func:`error_boundary`: one line on stderr and an exit code, never a
 traceback; so is every warning meant for the user (``specproxy: warning: ...``, see :data:`USER_WARNINGS`). Each
@@ -15,16 +16,23 @@ import contextvars
 import functools
 import logging
 import sys
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
+import orjson
 import typer
 import uvloop
 
+from specproxy.analysis.inputs import InputError, read_runs, worth_a_second_process
+from specproxy.analysis.scan import ChunkBatch, Item
+from specproxy.analysis.tables import Table, render_csv, render_md, render_text
 from specproxy.exitcodes import EXIT_SIGINT, EXIT_USAGE
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+TABLE_FORMATS = ("table", "md", "csv", "json")
 
 
 class CommandError(Exception):
@@ -155,3 +163,51 @@ def parse_listen(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"port {port} is out of range 0..65535")
     return host, port
+
+
+def choice(value: str, allowed: Sequence[str], option: str) -> str:
+    """``value`` if it is one of ``allowed``, else a clean failure naming ``option``."""
+    if value not in allowed:
+        fail(f"{option} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def emit(text: str, output: Path | None) -> None:
+    """``text`` on stdout, or into ``output`` (a clean failure if it cannot be written)."""
+    if output is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as e:
+        fail(f"{output}: cannot write: {e.strerror or e}")
+
+
+def as_json(obj: Any) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+def tabular(
+    fmt: str, tables: list[Table], csv_data: tuple[list[str], list[list[Any]]] | None, json_obj: dict[str, Any]
+) -> str:
+    """The tables in one of :data:`TABLE_FORMATS` (csv needs ``csv_data``, else it is the text table)."""
+    if fmt == "json":
+        return as_json(json_obj)
+    if fmt == "md":
+        return render_md(tables)
+    if fmt == "csv" and csv_data is not None:
+        return render_csv(*csv_data)
+    return render_text(tables)
+
+
+def scan_runs(paths: Sequence[Path], *feeds: Callable[[Item, ChunkBatch], None]) -> None:
+    """One pass over the runs' records into ``feeds``; a run that cannot be read is a clean failure (exit 2) naming
+    the path and line."""
+    batch = ChunkBatch(parallel=worth_a_second_process(paths))
+    try:
+        for item in read_runs(paths):
+            for feed in feeds:
+                feed(item, batch)
+        batch.flush()
+    except InputError as e:
+        fail(str(e))

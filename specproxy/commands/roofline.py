@@ -15,8 +15,8 @@ from specproxy.analysis.aggregate import DEFAULT_GROUP_BY, is_ok
 from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
 from specproxy.analysis.scan import Item
 from specproxy.analysis.sketch import Quantiles
-from specproxy.commands.analysis import TABLE_FORMATS, OutputOpt, _choice, _emit, _scan, _tabular
-from specproxy.commands.common import command, fail
+from specproxy.commands.common import TABLE_FORMATS, choice, command, emit, fail, scan_runs, tabular
+from specproxy.commands.options import OutputOpt
 from specproxy.core.record import number
 
 
@@ -50,7 +50,7 @@ class _Rates:
 def _measurements(paths: Sequence[Path]) -> list[tuple[str, float | None, float | None]]:
     """(workload / label, median decode tok/s, median recorded read bytes per token) per group."""
     grouping = Grouping(DEFAULT_GROUP_BY, _Rates)
-    _scan(paths, lambda item, batch: grouping.get(item).add(item))
+    scan_runs(paths, lambda item, batch: grouping.get(item).add(item))
     out: list[tuple[str, float | None, float | None]] = []
     for key, r in grouping.ordered():
         rb = r.read_bytes.percentile(50.0)
@@ -71,8 +71,8 @@ def run_roofline(cfg: RooflineConfig) -> None:
     if cfg.runs:
         measured.extend(_measurements(cfg.runs))
     rows = render_advise.roofline_rows(r, measured)
-    _emit(
-        _tabular(
+    emit(
+        tabular(
             cfg.format,
             render_advise.roofline_tables(r, rows),
             (render_advise.ROOFLINE_HEADERS, rows),
@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
             bandwidth_bytes_s=_parse(lambda v: parse_bytes(v, rate=True), bandwidth, "--bandwidth"),
             measured_tok_s=measured,
             runs=tuple(run or ()),
-            format=_choice(format, TABLE_FORMATS, "--format"),
+            format=choice(format, TABLE_FORMATS, "--format"),
             output=output,
         )
         run_roofline(cfg)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
@@ -25,6 +24,8 @@ from specproxy.commands.options import (
     TokenizerOpt,
     WaitReadyOpt,
     check_engine,
+    check_writable,
+    workloads_option,
 )
 from specproxy.commands.proxy import CAPTURES, check_tokenizer, check_url, tokenize_url
 from specproxy.core.schedule import ARRIVALS, check_schedule
@@ -38,7 +39,7 @@ from specproxy.loadgen.summary import format_summary
 from specproxy.loadgen.target import Target, TargetError
 from specproxy.loadgen.workers import WorkerError
 from specproxy.recorder.recorder import RecorderConfig
-from specproxy.workloads import SharedPrefixes, Workload, WorkloadError, load_workloads, shape_workloads
+from specproxy.workloads import SharedPrefixes, shape_workloads
 
 DEFAULT_REQUESTS = 100
 
@@ -59,22 +60,6 @@ def _metrics(value: str, target: str) -> str | None:
     return check_url(value, "--metrics-url") if value else target + "/metrics"
 
 
-def _writable(path: Path) -> None:
-    """Fail now, before any request, if the record file cannot be written; leave no empty file behind. It must be a
-    file, or /dev/null: the summary reads the run's records back (a device such as /dev/full would be read forever)."""
-    if path.exists() and not path.is_file() and str(path.resolve()) != os.devnull:  # /dev/null: no records kept
-        fail(f"cannot write records to {path}: not a regular file (the run's summary reads its records back)")
-    try:
-        existed = path.exists()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab"):
-            pass
-        if not existed:
-            path.unlink()
-    except OSError as e:
-        fail(f"cannot write records to {path}: {e.strerror}")
-
-
 def _default_out(kind: str, label: str | None, suffix: str = "") -> Path:
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:40] + "-" if label else ""
     return Path(f"specproxy-{kind}-{tag}{time.strftime('%Y%m%d-%H%M%S')}{suffix}.jsonl")
@@ -82,23 +67,6 @@ def _default_out(kind: str, label: str | None, suffix: str = "") -> Path:
 
 def _headers(api_key: str | None) -> tuple[tuple[str, str], ...]:
     return (("Authorization", f"Bearer {api_key}"),) if api_key else ()
-
-
-def _load_workloads(value: str) -> tuple[Workload, ...]:
-    specs = [s.strip() for s in value.split(",") if s.strip()]
-    if not specs:
-        raise typer.BadParameter("--workload needs at least one workload name or file")
-    loaded: list[Workload] = []
-    for s in specs:
-        try:
-            loaded.extend(load_workloads(s))
-        except WorkloadError as e:
-            fail(str(e))
-    names = [w.name for w in loaded]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        fail(f"--workload names {', '.join(dup)} more than once (workload names must differ)")
-    return tuple(loaded)
 
 
 def _finish(outcome: RunOutcome, title: str) -> None:
@@ -215,7 +183,7 @@ def register(app: typer.Typer) -> None:
                 prefixes = SharedPrefixes(shared_prefixes, prefix_tokens, prefix_share)
             except ValueError as e:
                 raise typer.BadParameter(str(e)) from None
-        loaded = shape_workloads(_load_workloads(workload), think_time_s=think_time, prefixes=prefixes, seed=seed or 0)
+        loaded = shape_workloads(workloads_option(workload), think_time_s=think_time, prefixes=prefixes, seed=seed or 0)
         notes: tuple[str, ...] = ()
         murl = _metrics(metrics_url, tgt)
         learn_k_from = None
@@ -229,7 +197,7 @@ def register(app: typer.Typer) -> None:
                 "attributed per request (acceptance comes from chunks or the server's per-request metrics)",
             )
         out_path = out or _default_out("run", label, f"-shard{part.index}of{part.count}" if part.count > 1 else "")
-        _writable(out_path)
+        check_writable(out_path)
         rid = run_id or (
             plan_run_id(loaded, (n_requests, duration, seed, label, rate, conc, endpoint, think_time))
             if part.count > 1
@@ -334,7 +302,7 @@ def register(app: typer.Typer) -> None:
         out_path = out or _default_out("replay", label)
         if out_path.resolve() == recording.resolve():
             raise typer.BadParameter("--out must not be the recording being replayed")
-        _writable(out_path)
+        check_writable(out_path)
         rcfg = RecorderConfig(
             record_path=str(out_path),
             metrics_url=_metrics(metrics_url, tgt),

@@ -25,8 +25,8 @@ from specproxy.analysis.slo import SloSpec, parse_slo
 from specproxy.analysis.sweep import SweepResult, build_sweep
 from specproxy.analysis.tables import render_md, render_text
 from specproxy.commands.common import CommandError, command, fail, run_async
+from specproxy.commands.options import check_writable, workloads_option
 from specproxy.commands.proxy import check_url
-from specproxy.commands.run import _load_workloads, _writable
 from specproxy.core.record import Record, read_records
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.loadgen.plan import BodyOptions
@@ -228,11 +228,11 @@ def register(app: typer.Typer) -> None:
             fail(str(e))
         levels = Levels(levels.kind, levels.values, levels.start, levels.max_value, min_attainment=min_attainment)
         out_path = out or Path(f"specproxy-sweep-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-        _writable(out_path)
+        check_writable(out_path)
         cfg = SweepConfig(
             servers=servers,
             levels=levels,
-            workloads=_load_workloads(workload),
+            workloads=workloads_option(workload),
             per_level=PerLevel(requests, per_stream),
             body=BodyOptions(model=model or "", max_tokens=max_tokens),
             seed=seed,

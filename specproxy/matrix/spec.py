@@ -69,19 +69,6 @@ class MatrixSpec:
     results: str | None = None
     stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
 
-    def plan_key(self) -> dict[str, Any]:
-        """What defines the requests every configuration gets (the workloads' content is added by the caller)."""
-        return {
-            "workloads": list(self.workloads),
-            "requests": self.requests,
-            "warmup": self.warmup,
-            "repeats": self.repeats,
-            "concurrency": self.concurrency,
-            "max_tokens": self.max_tokens,
-            "seed": self.seed,
-            "endpoint": self.endpoint,
-        }
-
 
 def _fail(where: str, what: str) -> MatrixError:
     return MatrixError(f"{where}: {what}" if where else what)

@@ -129,9 +129,3 @@ class Trace:
         done, self._on_first_token = self._on_first_token, None
         if done is not None:
             done()
-
-    def add_overhead(self, ns: int) -> None:
-        self.overhead_ns += ns
-        self.overhead_count += 1
-        if ns > self.overhead_max_ns:
-            self.overhead_max_ns = ns

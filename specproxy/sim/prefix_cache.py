@@ -47,14 +47,11 @@ class PrefixCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._seen: OrderedDict[bytes, None] = OrderedDict()
-        self.hits = 0
-        self.queries = 0
 
     def lookup_and_insert(self, keys: PrefixKeys, prompt_tokens: int) -> int:
         """Cached tokens for a prompt with these prefix keys; the prompt's prefixes are cached from now on."""
         if self.capacity <= 0 or not keys:
             return 0
-        self.queries += 1
         best = 0
         for digest, tokens in keys:
             if digest in self._seen:
@@ -64,6 +61,4 @@ class PrefixCache:
         while len(self._seen) > self.capacity:
             self._seen.popitem(last=False)
         cached = min(best, prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-        if cached > 0:
-            self.hits += 1
         return max(0, cached)
