@@ -1,4 +1,8 @@
-"""``specproxy proxy``: put the recorder in front of an engine."""
+"""``specproxy proxy``: put the recorder in front of an engine.
+
+One module: the command's options, each with its help text, their checks and their translation into one
+:class:`~specproxy.proxy.config.ProxyConfig`; the work is in :mod:`specproxy.proxy`.
+"""
 
 from __future__ import annotations
 
@@ -364,7 +368,7 @@ def _exit_code(stopped: Stopped, sink: RecordSink) -> int:
 def _run_workers(cfg: ProxyConfig) -> None:
     """``--workers N``: the relays and the bookkeeper in processes of their own (:mod:`specproxy.proxy.workers`),
     stopped as :func:`_main` stops the one-process proxy, with the same exit codes."""
-    from specproxy.proxy import workers
+    from specproxy.proxy import supervisor, workers
 
     try:
         procs = workers.start(cfg, cfg.workers)
@@ -376,7 +380,7 @@ def _run_workers(cfg: ProxyConfig) -> None:
         relays = f"{n} relay{'s' if n > 1 else ''}"
         typer.echo(f"specproxy proxy: http://{cfg.host}:{port} -> {shown_url(cfg.upstream)} ({relays})", err=True)
 
-    ended = run_async(workers.supervise(procs, cfg.drain_timeout_s, ready))
+    ended = run_async(supervisor.supervise(procs, cfg.drain_timeout_s, ready))
     raise typer.Exit(_workers_exit_code(ended))
 
 

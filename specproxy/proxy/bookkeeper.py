@@ -7,6 +7,9 @@ Recorder` with it: request-body parsing (bounded), workload rules, SSE and JSON 
 fit, scrapes, records. It answers the proxy's own endpoints (``/specproxy/status``, ``/specproxy/metrics``) for
 every relay, with the relays' own counters (shed, lost, in flight) added, and tells the relays whether records can
 be written (``--fail-closed``).
+
+One module: the relays' events in and what goes back to them (answers, acknowledgements, the watermark a settle
+waits for) are one object's state per relay, read in one place.
 """
 
 from __future__ import annotations

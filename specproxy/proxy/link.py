@@ -11,6 +11,10 @@ and large request bodies are shed (per request, from the first shed chunk on: a 
 interpreted), counted per kind, and the request's record is flagged ``bookkeeping_shed``. Past ``hard_bytes`` a new
 request is not handed to the bookkeeping at all: counted as a lost record, which makes the proxy exit non-zero, as
 records the sink cannot write do. The same when the bookkeeper is gone: relaying goes on, records are counted lost.
+
+One module: the relay's whole side of its channel (events out with their flushing and shedding, answers and
+acknowledgements in, and the loss counted from both, per cause) is one object's state; apart, a lost record could be
+counted twice or not at all.
 """
 
 from __future__ import annotations
