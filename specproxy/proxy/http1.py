@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and fields) longer than this is refused
+MAX_INTERIM = 32  # more 1xx heads than this before the answer are refused (a flood would otherwise hold the relay)
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with its extensions) or a trailer line
 
 _STATUS = re.compile(rb"HTTP/(\d)\.(\d) ([1-9]\d\d)(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?")
@@ -28,9 +29,11 @@ class InvalidResponse(ValueError):
     """The upstream's bytes are not an HTTP/1.1 response (or not one that can be read one way only)."""
 
 
-def head_end(buf: bytes | bytearray) -> int:
-    """Where the head in ``buf`` ends (the index just past its empty line), or -1 while it is incomplete."""
-    ends = [i for i in (buf.find(b"\n\r\n"), buf.find(b"\n\n")) if i >= 0]
+def head_end(buf: bytes | bytearray, start: int = 0) -> int:
+    """Where the head in ``buf`` from ``start`` ends (the index just past its empty line), or -1 while it is
+    incomplete. Only ``MAX_HEAD_BYTES`` past ``start`` are searched, so many heads in one buffer cost linear time."""
+    stop = start + MAX_HEAD_BYTES + 3
+    ends = [i for i in (buf.find(b"\n\r\n", start, stop), buf.find(b"\n\n", start, stop)) if i >= 0]
     if not ends:
         return -1
     i = min(ends)
