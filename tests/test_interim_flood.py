@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from specproxy.proxy import http1
 from tests.proxyutil import running_proxy
@@ -46,3 +47,13 @@ async def test_a_megabyte_of_100_continue_is_a_502(tmp_path: Path) -> None:
     assert status == 502
     assert b"interim" in body
     assert rec["outcome"] == "upstream_error"
+
+
+def test_an_empty_transfer_encoding_beside_content_length_is_refused() -> None:
+    for te in (b"", b",", b" , "):
+        raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding:" + te + b"\r\nContent-Length: 2\r\n\r\n"
+        head = http1.parse_head(raw)
+        with pytest.raises(http1.InvalidResponse):
+            http1.framing(head, "POST")
+    with pytest.raises(http1.InvalidResponse):
+        http1.framing(http1.parse_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n\r\n"), "POST")

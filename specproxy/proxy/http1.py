@@ -103,9 +103,11 @@ def framing(head: Head, method: str) -> tuple[str, int]:
         return NONE, 0
     codings = head.tokens("Transfer-Encoding")
     lengths = head.values("Content-Length")
+    if lengths and head.values("Transfer-Encoding"):  # even an empty one (or ","): llhttp refuses it too
+        raise InvalidResponse("Content-Length together with Transfer-Encoding")
+    if head.values("Transfer-Encoding") and not codings:
+        raise InvalidResponse("an empty Transfer-Encoding")
     if codings:
-        if lengths:
-            raise InvalidResponse("Content-Length together with Transfer-Encoding")
         if codings != ["chunked"]:  # gzip and the like as transfer codings: no engine sends them, no client asks
             raise InvalidResponse(f"a transfer coding other than one chunked: {', '.join(codings)[:60]}")
         return CHUNKED, 0
