@@ -57,3 +57,13 @@ def test_an_empty_transfer_encoding_beside_content_length_is_refused() -> None:
             http1.framing(head, "POST")
     with pytest.raises(http1.InvalidResponse):
         http1.framing(http1.parse_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n\r\n"), "POST")
+
+
+def test_a_head_with_bare_cr_line_ends_fails_at_once_and_only_http_1_x_is_read() -> None:
+    with pytest.raises(http1.InvalidResponse, match="bare CR"):
+        http1.head_end(b"HTTP/1.1 200 OK\rContent-Length: 2\r\r")
+    assert http1.head_end(b"HTTP/1.1 200 OK\r") == -1  # its LF may come in the next read
+    for version in (b"9.9", b"1.2", b"2.0"):
+        with pytest.raises(http1.InvalidResponse):
+            http1.parse_head(b"HTTP/" + version + b" 200 OK\r\n\r\n")
+    assert http1.parse_head(b"HTTP/1.0 200 OK\r\n\r\n").version == (1, 0)

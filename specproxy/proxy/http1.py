@@ -17,7 +17,8 @@ MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and fields) longer th
 MAX_INTERIM = 32  # more 1xx heads than this before the answer are refused (a flood would otherwise hold the relay)
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with its extensions) or a trailer line
 
-_STATUS = re.compile(rb"HTTP/(\d)\.(\d) ([1-9]\d\d)(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?")
+_STATUS = re.compile(rb"HTTP/(1)\.([01]) ([1-9]\d\d)(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?")
+_BARE_CR = re.compile(rb"\r[^\n]")  # a CR that does not end a line: llhttp refuses it at once
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # control characters but tab: aiohttp's server refuses to write them, so they would end in a 500, not a 502
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -35,6 +36,8 @@ def head_end(buf: bytes | bytearray, start: int = 0) -> int:
     stop = start + MAX_HEAD_BYTES + 3
     ends = [i for i in (buf.find(b"\n\r\n", start, stop), buf.find(b"\n\n", start, stop)) if i >= 0]
     if not ends:
+        if _BARE_CR.search(buf, start, stop):  # it would never end: fail now rather than at the idle timeout
+            raise InvalidResponse("a bare CR in the response head")
         return -1
     i = min(ends)
     return i + (3 if buf[i + 1 : i + 2] == b"\r" else 2)
