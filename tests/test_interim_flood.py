@@ -67,3 +67,10 @@ def test_a_head_with_bare_cr_line_ends_fails_at_once_and_only_http_1_x_is_read()
         with pytest.raises(http1.InvalidResponse):
             http1.parse_head(b"HTTP/" + version + b" 200 OK\r\n\r\n")
     assert http1.parse_head(b"HTTP/1.0 200 OK\r\n\r\n").version == (1, 0)
+
+
+def test_garbage_trailers_and_control_characters_in_chunk_extensions_are_refused() -> None:
+    for body in (b"2;a=\x00b\r\nok\r\n0\r\n\r\n", b"2;a=b\rc\r\nok\r\n0\r\n\r\n", b"2\r\nok\r\n0\r\n@@garbage\r\n\r\n"):
+        with pytest.raises(http1.InvalidResponse):
+            http1.Chunked().feed(body)
+    assert http1.Chunked().feed(b"2;a=b\r\nok\r\n0\r\nX-T: t\r\n\r\n") == (b"ok", b"")

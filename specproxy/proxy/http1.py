@@ -191,6 +191,10 @@ class Chunked:
             elif not line:  # the empty line after the trailers
                 self._state = self._DONE
                 return b"".join(out), data[i:]
+            else:  # a trailer: dropped, but it must be a field line
+                name, colon, value = line.partition(b":")
+                if not colon or _TOKEN.fullmatch(name) is None or _BAD_VALUE.search(value):
+                    raise InvalidResponse(f"an invalid trailer line: {line[:30]!r}")
         return b"".join(out), None
 
     def _read_line(self, data: bytes, i: int) -> tuple[bytes | None, int]:
@@ -207,7 +211,10 @@ class Chunked:
         return (line[:-1] if line.endswith(b"\r") else line), j + 1
 
     def _size(self, line: bytes) -> None:
-        size = line.split(b";", 1)[0].rstrip(b" \t")
+        size, _, ext = line.partition(b";")
+        size = size.rstrip(b" \t")
+        if ext and _BAD_VALUE.search(ext):  # CR, NUL and the like in an extension: llhttp refuses them
+            raise InvalidResponse(f"a control character in a chunk extension: {line[:30]!r}")
         if _HEX.fullmatch(size) is None:
             raise InvalidResponse(f"an invalid chunk size: {line[:30]!r}")
         self._need = int(size, 16)
