@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 
 MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and fields) longer than this is refused
+MAX_INTERIM = 32  # more 1xx heads than this before the answer are refused (a flood would otherwise hold the relay)
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with its extensions) or a trailer line
 
-_STATUS = re.compile(rb"HTTP/(\d)\.(\d) ([1-9]\d\d)(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?")
+_STATUS = re.compile(rb"HTTP/(1)\.([01]) ([1-9]\d\d)(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?")
+_BARE_CR = re.compile(rb"\r[^\n]")  # a CR that does not end a line: llhttp refuses it at once
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # control characters but tab: aiohttp's server refuses to write them, so they would end in a 500, not a 502
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -28,10 +30,14 @@ class InvalidResponse(ValueError):
     """The upstream's bytes are not an HTTP/1.1 response (or not one that can be read one way only)."""
 
 
-def head_end(buf: bytes | bytearray) -> int:
-    """Where the head in ``buf`` ends (the index just past its empty line), or -1 while it is incomplete."""
-    ends = [i for i in (buf.find(b"\n\r\n"), buf.find(b"\n\n")) if i >= 0]
+def head_end(buf: bytes | bytearray, start: int = 0) -> int:
+    """Where the head in ``buf`` from ``start`` ends (the index just past its empty line), or -1 while it is
+    incomplete. Only ``MAX_HEAD_BYTES`` past ``start`` are searched, so many heads in one buffer cost linear time."""
+    stop = start + MAX_HEAD_BYTES + 3
+    ends = [i for i in (buf.find(b"\n\r\n", start, stop), buf.find(b"\n\n", start, stop)) if i >= 0]
     if not ends:
+        if _BARE_CR.search(buf, start, stop):  # it would never end: fail now rather than at the idle timeout
+            raise InvalidResponse("a bare CR in the response head")
         return -1
     i = min(ends)
     return i + (3 if buf[i + 1 : i + 2] == b"\r" else 2)
@@ -100,9 +106,11 @@ def framing(head: Head, method: str) -> tuple[str, int]:
         return NONE, 0
     codings = head.tokens("Transfer-Encoding")
     lengths = head.values("Content-Length")
+    if lengths and head.values("Transfer-Encoding"):  # even an empty one (or ","): llhttp refuses it too
+        raise InvalidResponse("Content-Length together with Transfer-Encoding")
+    if head.values("Transfer-Encoding") and not codings:
+        raise InvalidResponse("an empty Transfer-Encoding")
     if codings:
-        if lengths:
-            raise InvalidResponse("Content-Length together with Transfer-Encoding")
         if codings != ["chunked"]:  # gzip and the like as transfer codings: no engine sends them, no client asks
             raise InvalidResponse(f"a transfer coding other than one chunked: {', '.join(codings)[:60]}")
         return CHUNKED, 0
@@ -183,6 +191,10 @@ class Chunked:
             elif not line:  # the empty line after the trailers
                 self._state = self._DONE
                 return b"".join(out), data[i:]
+            else:  # a trailer: dropped, but it must be a field line
+                name, colon, value = line.partition(b":")
+                if not colon or _TOKEN.fullmatch(name) is None or _BAD_VALUE.search(value):
+                    raise InvalidResponse(f"an invalid trailer line: {line[:30]!r}")
         return b"".join(out), None
 
     def _read_line(self, data: bytes, i: int) -> tuple[bytes | None, int]:
@@ -199,7 +211,10 @@ class Chunked:
         return (line[:-1] if line.endswith(b"\r") else line), j + 1
 
     def _size(self, line: bytes) -> None:
-        size = line.split(b";", 1)[0].rstrip(b" \t")
+        size, _, ext = line.partition(b";")
+        size = size.rstrip(b" \t")
+        if ext and _BAD_VALUE.search(ext):  # CR, NUL and the like in an extension: llhttp refuses them
+            raise InvalidResponse(f"a control character in a chunk extension: {line[:30]!r}")
         if _HEX.fullmatch(size) is None:
             raise InvalidResponse(f"an invalid chunk size: {line[:30]!r}")
         self._need = int(size, 16)

@@ -172,6 +172,7 @@ class Connection(asyncio.Protocol):
         self.exchange: Exchange | None = None
         self.closed = False
         self._buf = bytearray()  # an incomplete head
+        self._interim = 0  # 1xx heads seen before this exchange's answer
         self._framing = NONE
         self._left = 0  # body bytes still to come (LENGTH)
         self._chunked: Chunked | None = None
@@ -241,6 +242,7 @@ class Connection(asyncio.Protocol):
     def send(self, ex: Exchange, head: bytes, pieces: list[bytes], idle_s: float) -> None:
         self.exchange = ex
         self._buf.clear()
+        self._interim = 0
         if self.closed or self.transport.is_closing():
             ex._fail_head(UpstreamError("disconnected", "upstream connection failed: server disconnected"))
             return
@@ -264,19 +266,25 @@ class Connection(asyncio.Protocol):
             self._sending = None
 
     def _read_head(self, ex: Exchange, t: int) -> None:
+        buf = self._buf
+        at = 0  # heads before ``at`` were 1xx, dropped once at the end rather than copied out one by one
         while True:
-            end = http1.head_end(self._buf)
-            if (end if end >= 0 else len(self._buf)) > http1.MAX_HEAD_BYTES:
+            end = http1.head_end(buf, at)
+            if (end - at if end >= 0 else len(buf) - at) > http1.MAX_HEAD_BYTES:
                 raise InvalidResponse(f"a response head over {http1.MAX_HEAD_BYTES // 1024} KiB")
             if end < 0:
+                del buf[:at]
                 return
-            head = http1.parse_head(bytes(self._buf[:end]))
-            rest = bytes(self._buf[end:])
-            del self._buf[:end]
+            head = http1.parse_head(bytes(buf[at:end]))
+            at = end
             if head.status == 101:
                 raise InvalidResponse("101 Switching Protocols: upgrades are not relayed")
             if head.status < 200:  # 1xx: informational, not relayed (as aiohttp's client skips them)
+                self._interim += 1
+                if self._interim > http1.MAX_INTERIM:
+                    raise InvalidResponse(f"more than {http1.MAX_INTERIM} interim (1xx) replies before the answer")
                 continue
+            rest = bytes(buf[end:])
             self._framing, self._left = http1.framing(head, ex.method)
             self._keep = http1.keeps_alive(head) and self._framing != CLOSE
             self._chunked = Chunked() if self._framing == CHUNKED else None
