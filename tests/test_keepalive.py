@@ -13,6 +13,8 @@ upstream here closes every connection after one answer).
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,6 +30,14 @@ BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close as a server that closed this connection before the request reached it: the request arrives at a closed
+    socket and the peer's kernel answers with a reset (SO_LINGER 0 makes the close one), never a clean end."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
 @asynccontextmanager
 async def strict_keepalive_upstream() -> AsyncIterator[tuple[str, list[str]]]:
     """An HTTP/1.1 server answering every request with ``{}``; a request on a connection idle longer than
@@ -41,7 +51,7 @@ async def strict_keepalive_upstream() -> AsyncIterator[tuple[str, list[str]]]:
                 head = await reader.readuntil(b"\r\n\r\n")
                 if idle_since is not None and time.monotonic() - idle_since > ENGINE_KEEPALIVE_S:
                     seen.append("dropped")
-                    writer.transport.abort()
+                    _reset(writer)
                     return
                 await reader.readexactly(content_length(head))
                 seen.append("answered")
@@ -83,11 +93,14 @@ async def test_the_load_generator_never_sends_on_a_connection_the_engine_may_hav
 
 
 @asynccontextmanager
-async def closing_upstream(drop_fresh_after: int, work_s: float = 0.0) -> AsyncIterator[tuple[str, list[str]]]:
+async def closing_upstream(
+    drop_fresh_after: int, work_s: float = 0.0, *, read_whole: bool = False
+) -> AsyncIterator[tuple[str, list[str]]]:
     """An HTTP/1.1 server that answers the first request of each connection with ``{}`` and drops, unanswered, every
-    later request on that connection: the race of a keep-alive close, made certain. After ``drop_fresh_after``
-    answers in all, it drops the first request of new connections too (an upstream that is going away). With
-    ``work_s``, a request it drops is first read whole and worked on that long (an engine that dies generating)."""
+    later request on that connection: the race of a keep-alive close, made certain (a reset: the request met a
+    closed socket). After ``drop_fresh_after`` answers in all, it drops the first request of new connections too (an
+    upstream that is going away). With ``work_s`` or ``read_whole``, a request it drops is first read whole (and
+    worked on ``work_s``), then the connection ends cleanly: an engine that read it and died on it."""
     seen: list[str] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -97,11 +110,13 @@ async def closing_upstream(drop_fresh_after: int, work_s: float = 0.0) -> AsyncI
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = content_length(head)
                 if served or seen.count("answered") >= drop_fresh_after:
-                    if work_s:
-                        await reader.readexactly(length)
-                        await asyncio.sleep(work_s)
                     seen.append("dropped")
-                    writer.transport.abort()
+                    if not (work_s or read_whole):
+                        _reset(writer)
+                        return
+                    await reader.readexactly(length)
+                    await asyncio.sleep(work_s)
+                    writer.close()
                     return
                 await reader.readexactly(length)
                 seen.append("answered")
@@ -198,8 +213,38 @@ async def test_an_upstream_that_read_the_request_and_died_on_it_is_not_sent_it_a
     assert "upstream_retried" not in recs[1]["flags"] and "sent twice" not in (recs[1]["error"] or "")
 
 
+async def test_a_post_the_upstream_read_whole_then_closed_on_is_not_sent_again(tmp_path: Path) -> None:
+    """RFC 9110 9.2.2: a clean close right after the request was read whole may be an engine that crashed on it;
+    a POST is not idempotent, so it is answered 502, never generated twice, however soon the close came."""
+    async with (
+        closing_upstream(drop_fresh_after=99, read_whole=True) as (upstream, seen),
+        running_proxy(upstream, tmp_path, metrics=False) as px,
+    ):
+        got = await _posts(px.url, 2)
+        await px.flush()
+        recs = sorted(px.records(), key=lambda r: r["started_at"])
+    assert [status for status, _ in got] == [200, 502] and seen == ["answered", "dropped"], (got, seen)
+    assert "upstream_retried" not in recs[1]["flags"] and recs[1]["outcome"] == "upstream_error", recs[1]
+
+
+async def test_a_get_the_upstream_read_whole_then_closed_on_is_sent_again(tmp_path: Path) -> None:
+    """The same close under an idempotent request: sent once more on a new connection."""
+    async with (
+        closing_upstream(drop_fresh_after=1, read_whole=True) as (upstream, seen),
+        running_proxy(upstream, tmp_path, metrics=False) as px,
+        Target(px.url).session() as s,
+    ):
+        statuses = []
+        for _ in range(2):
+            async with s.get(px.url + "/v1/models") as resp:
+                statuses.append(resp.status)
+                await resp.read()
+    assert statuses == [200, 502] and seen == ["answered", "dropped", "dropped"], (statuses, seen)
+
+
 async def test_a_get_is_sent_again_once_as_a_post_is(tmp_path: Path) -> None:
-    """The rule is the same for every method: one more send on a new connection, never a third."""
+    """The rule for a connection reset under a request is the same for every method: one more send on a new
+    connection, never a third."""
     async with (
         closing_upstream(drop_fresh_after=1) as (upstream, seen),
         running_proxy(upstream, tmp_path, metrics=False) as px,

@@ -11,7 +11,12 @@ Timeouts without a timer per read: each exchange has one timer, moved on lazily 
 timeout. Idle connections are closed after :data:`CLIENT_KEEPALIVE_S`, before the engine closes them (vLLM: 5 s).
 A request whose pooled connection fails before any byte of an answer, within :data:`RESEND_WITHIN_S` of sending (the
 engine, or a balancer, closed the kept-alive connection as it was reused), is sent once more on a new connection,
-as browsers and curl do for any method (Chromium: ``HttpNetworkTransaction::ShouldResendRequest``).
+but only when it cannot have been applied (RFC 9110 9.2.2: a proxy must not retry a non-idempotent request unless
+it knows it was not): an idempotent method (``GET``, ``HEAD``, ``PUT``, ``DELETE``, ``OPTIONS``, ``TRACE``), or a
+connection that was closed when the request was written or was reset under it (a peer's kernel resets a
+connection whose owner closed it with our bytes unread). A clean close after the request went out is an engine that
+may have read it whole and died on it: a ``POST`` then gets a 502, never a second generation (nginx's
+``proxy_next_upstream`` does not retry non-idempotent requests either).
 
 One module: a connection, the exchange it carries and the pool it returns to are one state machine (who may read,
 who is told of the end, who gets the connection next), and each reaches into the others' state.
@@ -37,6 +42,7 @@ from specproxy.proxy.resolve import Resolver
 # A pooled connection closed under a request fails at once (the upstream's close crossed our send). A failure later
 # than this after sending is an upstream that read the request and died on it: that one is not sent again.
 RESEND_WITHIN_S = 1.0
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})  # RFC 9110 9.2.2
 # Request bodies at least this large are written in the pieces they came in, with flow control, by a task of their
 # own while the reply is read (an engine may answer before it has read the body).
 LARGE_BODY = 1024 * 1024
@@ -63,7 +69,7 @@ class Exchange:
 
     __slots__ = (
         "_early", "_early_bytes", "_free", "_head", "_signal", "_sink", "conn", "ended", "error", "got_bytes",
-        "method", "outcome", "paused", "reused", "sent_at",
+        "method", "outcome", "paused", "reused", "sent_at", "unread",
     )  # fmt: skip
 
     def __init__(self, conn: Connection, method: str, reused: bool, free: Callable[[], None] | None) -> None:
@@ -73,6 +79,7 @@ class Exchange:
         self.reused = reused
         self.sent_at = time.monotonic()
         self.got_bytes = False
+        self.unread = False  # the upstream cannot have read it: closed when it was written, or reset under it
         self._head: asyncio.Future[Head] = conn.loop.create_future()
         self._sink: Sink | None = None
         self._early: list[tuple[int, bytes]] = []  # body read before the relay began
@@ -218,6 +225,8 @@ class Connection(asyncio.Protocol):
             return
         why = f": {exc}" if exc is not None else ""
         if not ex._head.done():
+            # a reset before any answer: the peer closed with our bytes unread (a clean close may follow a full read)
+            ex.unread = ex.unread or isinstance(exc, ConnectionResetError)
             if ex.got_bytes:
                 ex._fail_head(UpstreamError("invalid", f"upstream closed the connection inside the response head{why}"))
             else:
@@ -244,6 +253,7 @@ class Connection(asyncio.Protocol):
         self._buf.clear()
         self._interim = 0
         if self.closed or self.transport.is_closing():
+            ex.unread = True
             ex._fail_head(UpstreamError("disconnected", "upstream connection failed: server disconnected"))
             return
         self._last_read = time.perf_counter_ns()
@@ -399,13 +409,19 @@ class Pool:
     ) -> Exchange:
         """Send a request (its head, with Host, and its body) and wait for the reply's head. A pooled connection that
         fails before any answer within :data:`RESEND_WITHIN_S` is left for a new one, once, after telling
-        ``resending`` why. Raises :class:`UpstreamError`."""
+        ``resending`` why, when the request cannot have been applied (the module's docstring). Raises
+        :class:`UpstreamError`."""
         ex = await self._send(method, head, pieces, fresh=False)
         try:
             try:
                 await ex.head()
             except UpstreamError as e:
-                if not (ex.reused and e.kind == "disconnected" and time.monotonic() - ex.sent_at <= RESEND_WITHIN_S):
+                if not (
+                    ex.reused
+                    and e.kind == "disconnected"
+                    and time.monotonic() - ex.sent_at <= RESEND_WITHIN_S
+                    and (method in IDEMPOTENT or ex.unread)
+                ):
                     raise
                 ex = await self._send(method, head, pieces, fresh=True)
                 resending("the upstream closed a reused connection before any answer")
