@@ -91,7 +91,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], k: int, min_n: int, max
     r = Replay(k, per_position=[0] * k)
     if not output:
         return r
-    context = list(prompt) + [output[0]]
+    context = [*prompt, output[0]]
     pos = 1  # output tokens known after the prefill
     while pos < len(output):
         draft = [] if len(context) >= max_model_len else propose(context, min_n, max_n, k, max_model_len)
