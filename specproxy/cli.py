@@ -46,6 +46,7 @@ def _register_commands() -> None:
         run,
         sim,
         sweep,
+        whatif,
     )
 
     demo.register(app)
@@ -60,6 +61,7 @@ def _register_commands() -> None:
     sweep.register(app)
     matrix.register(app)
     engine.register(app)
+    whatif.register(app)
 
 
 _register_commands()
