@@ -12,6 +12,7 @@ advise_cmd
 export_cmd  # commands/export.py
 replay_cmd  # commands/run.py
 sweep_cmd  # commands/sweep.py
+whatif_cmd  # commands/whatif.py
 _.context_settings  # commands/engine.py: read by click when it parses the serve command's arguments
 
 # Attributes set on third-party objects, which read them: RE2's options, a logging record, aiohttp's writer.
