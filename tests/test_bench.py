@@ -144,7 +144,7 @@ def test_bench_side_by_side_at_a_tiny_scale() -> None:
 def test_bench_hostile_inputs_get_answers() -> None:
     r = _bench("--hostile", "--hostile-streams", "2", "--tokens", "20", "--steps-per-s", "50")
     rows = {row["input"].split(",")[0].split(":")[0]: row for row in r["inputs"]}
-    assert len(r["inputs"]) == 5 and "none (reference)" in rows
+    assert len(r["inputs"]) == 6 and "none (reference)" in rows
     for row in r["inputs"]:
         if row["refused"]:  # a rule the proxy refuses at start is an answer too
             assert row["status"].startswith("refused at start")
@@ -154,6 +154,8 @@ def test_bench_hostile_inputs_get_answers() -> None:
         assert row["answered"], row
     body = rows["60 MB JSON body of tiny elements"]
     assert body["status"] in ("200", "400", "413")
+    flood = rows["upstream"]  # more interim replies than the relay reads before an answer: refused, 502
+    assert flood["status"].startswith("502"), flood
 
 
 @pytest.mark.slow

@@ -48,8 +48,8 @@ def body_60mb() -> bytes:
     return head + b"0," * 30_000_000 + b"0]}"
 
 
-async def _post(session: aiohttp.ClientSession, url: str, data: bytes) -> str:
-    async with session.post(url + "/v1/chat/completions", data=data, headers={"Content-Type": "application/json"}) as r:
+async def _post(session: aiohttp.ClientSession, url: str, data: bytes, path: str = "/v1/chat/completions") -> str:
+    async with session.post(url + path, data=data, headers={"Content-Type": "application/json"}) as r:
         await r.read()
         return str(r.status)
 
@@ -70,6 +70,10 @@ async def _send_newlines(session: aiohttp.ClientSession, url: str) -> str:
 
 async def _send_aaa(session: aiohttp.ClientSession, url: str) -> str:
     return await _post(session, url, _chat("a" * 28 + "!"))
+
+
+async def _send_interim_flood(session: aiohttp.ClientSession, url: str) -> str:
+    return await _post(session, url, _chat("hi"), "/interim-flood") + " (1 MB of 100 Continue before the answer)"
 
 
 async def _get_status(session: aiohttp.ClientSession, url: str) -> str:
@@ -94,6 +98,7 @@ def cases(tmp: Path, upstream: str) -> list[Case]:
         Case("20,000 newlines, README rules", ("--rules", str(tmp / "readme-rules.json")), _send_newlines),
         Case("rule (a+)+$, 29-char prompt", ("--rules", str(tmp / "regex-rules.json")), _send_aaa),
         Case("--metrics-url: 12 MB unrelated", ("--metrics-url", upstream + "/metrics-big"), _get_status),
+        Case("upstream: 1 MB of 100 Continue", (), _send_interim_flood),
     ]
 
 

@@ -9,7 +9,8 @@ catch up); at rate 0 it writes as fast as each client reads (a static upstream, 
   read and discarded; ``bench_steps_per_s`` in the body overrides the rate; ``bench_reset_after: N`` resets the
   connection (TCP RST) after N events;
 - ``GET /metrics``: vLLM's speculative-decoding counters, moving with the events sent (so the proxy's bookkeeping
-  attributes them as it would in front of vLLM); ``GET /metrics-big``: 12 MB of unrelated metrics.
+  attributes them as it would in front of vLLM); ``GET /metrics-big``: 12 MB of unrelated metrics;
+- ``POST /interim-flood``: 1 MB of ``HTTP/1.1 100 Continue`` heads, then the answer (a hostile upstream).
 
 Several such processes can serve one port (``--reuse-port``, SO_REUSEPORT: the kernel spreads connections over them),
 so that the upstream is not what caps a relay of several processes. Their counters are then one engine's: each
@@ -140,6 +141,9 @@ class SharedCounters:
         while True:
             self.publish()
             await asyncio.sleep(every_s)
+
+
+INTERIM_FLOOD = b"HTTP/1.1 100 Continue\r\n\r\n" * (1024 * 1024 // 25)  # 1 MB of interim replies
 
 
 def big_metrics(size: int = 12 * 1024 * 1024) -> bytes:
@@ -314,6 +318,8 @@ class Upstream:
                     writer.write(b"content-length: %d\r\n\r\n" % len(text) + text)
                     await writer.drain()
                 else:
+                    if target.startswith(b"/interim-flood"):
+                        writer.write(INTERIM_FLOOD)
                     await self._complete(body, transport, writer)
                 if headers.get(b"connection", b"").lower() == b"close":
                     break
