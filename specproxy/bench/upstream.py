@@ -40,6 +40,7 @@ from specproxy.bench.wire import DONE, LAST_CHUNK, SSE_HEAD, chunk, event, now_n
 HIGH_WATER = 256 * 1024  # a reader this far behind gets no more events until it catches up (rate 0)
 K = 3  # draft tokens per decode step
 _STEP_TOKENS = (1, 2, 1, 3)  # tokens a decode step brings, in turn
+INTERIM_FLOOD = b"HTTP/1.1 100 Continue\r\n\r\n" * (1024 * 1024 // 25)  # 1 MB of interim replies
 
 
 class Counters:
@@ -141,9 +142,6 @@ class SharedCounters:
         while True:
             self.publish()
             await asyncio.sleep(every_s)
-
-
-INTERIM_FLOOD = b"HTTP/1.1 100 Continue\r\n\r\n" * (1024 * 1024 // 25)  # 1 MB of interim replies
 
 
 def big_metrics(size: int = 12 * 1024 * 1024) -> bytes:
