@@ -254,7 +254,7 @@ async def test_mixed_run_attribution_sums_to_the_counters_and_matches_separate_r
     assert {r["upstream_id"]: r["completion_tokens"] for r in proxy_recs} == {
         r["upstream_id"]: r["completion_tokens"] for r in gen_recs
     }
-    for recs in (proxy_recs, gen_recs):
+    for who, recs in (("proxy", proxy_recs), ("load generator", gen_recs)):
         # every counter delta of the run went to a request: exactly, but for steps the API server merged into one
         # chunk when it fell behind (a busy machine), each of which makes a request's "tokens - chunks" one more
         chunks = sum(len(r["chunks"]) for r in recs)
@@ -269,12 +269,12 @@ async def test_mixed_run_attribution_sums_to_the_counters_and_matches_separate_r
         # Not exact (measured here, 12 requests at concurrency 4 on a busy 2-core machine: accepted +4.4 to +4.5 %,
         # drafts -0.7 to -3.5 %; docs/real-engine.md), but close
         for key, bound in (("accepted", 0.08), ("drafts", 0.05), ("draft_tokens", 0.05)):
-            assert attributed[key] == pytest.approx(totals[key], rel=bound, abs=merged), (key, attributed, totals)
+            assert attributed[key] == pytest.approx(totals[key], rel=bound, abs=merged), (who, key, attributed, totals)
         # and per workload, the shares of overlapping requests stay close to the server's own figures
         server, shared = _acceptance(recs, "server"), _acceptance(recs, "counters")
         assert set(shared) == {"ja_chat", "code_agent"}
         for w in shared:
-            assert abs(shared[w] - server[w]) <= 0.08, (w, shared, server)
+            assert abs(shared[w] - server[w]) <= 0.08, (who, w, shared, server)
     # mixed or alone, a workload's acceptance is the same within run-to-run noise (batching changes bf16 numerics,
     # so texts and acceptance move between runs: with 8 requests, one reply that turns repetitive moves the pooled
     # figure; seen in CI on the server's own figures: code_agent 0.532 alone, 0.635 mixed)
