@@ -12,6 +12,8 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +90,28 @@ class Load:
         await asyncio.gather(*self._tasks)
 
 
+@asynccontextmanager
+async def _supervised(
+    record: Path, *args: str, speed: str, relays: int
+) -> AsyncIterator[tuple[str, asyncio.subprocess.Process, aiohttp.ClientSession, dict[str, Any]]]:
+    """The simulator at ``speed`` and ``specproxy proxy`` in front of it in processes of their own, a session with no
+    connection cap, and the proxy's status once ``relays`` relays are up."""
+    async with (
+        sim_process("--speed", speed) as sim_url,
+        proxy_process(sim_url, record, *args) as (url, proc_),
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+    ):
+        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
+        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == relays, "ready")
+        yield url, proc, s, st
+
+
 async def test_a_killed_bookkeeper_is_restarted_and_the_relays_reconnect(tmp_path: Path) -> None:
     """kill -9 of the bookkeeper under 16 streams: no stream breaks, a new bookkeeper is started, status answers
     200 again with the restart counted, the relays' new requests are recorded again."""
     record = tmp_path / "r.jsonl"
     args = ("--workers", "2", "--metrics-url", "none")
-    async with (
-        sim_process("--speed", "20") as sim_url,
-        proxy_process(sim_url, record, *args) as (url, proc_),
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
-    ):
-        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
-        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2, "ready")
+    async with _supervised(record, *args, speed="20", relays=2) as (url, proc, s, st):
         keeper = st["bookkeeping"]["pid"]
         load = Load(s, url, 16)
         await load.until(40)
@@ -126,13 +138,7 @@ async def test_a_killed_bookkeeper_is_restarted_and_the_relays_reconnect(tmp_pat
 async def test_a_killed_relay_is_restarted_and_status_lists_the_new_one(tmp_path: Path) -> None:
     record = tmp_path / "r.jsonl"
     args = ("--workers", "2", "--metrics-url", "none")
-    async with (
-        sim_process("--speed", "20") as sim_url,
-        proxy_process(sim_url, record, *args) as (url, proc_),
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
-    ):
-        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
-        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2, "ready")
+    async with _supervised(record, *args, speed="20", relays=2) as (url, proc, s, st):
         victim = st["bookkeeping"]["relay_pids"][0]
         os.kill(victim, signal.SIGKILL)
         st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2
@@ -150,13 +156,7 @@ async def test_the_loss_at_exit_is_requests_finished_minus_records_written(tmp_p
     passthrough requests count as neither."""
     record = tmp_path / "r.jsonl"
     args = ("--workers", "2", "--metrics-url", "none")
-    async with (
-        sim_process("--speed", "20") as sim_url,
-        proxy_process(sim_url, record, *args) as (url, proc_),
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
-    ):
-        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
-        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2, "ready")
+    async with _supervised(record, *args, speed="20", relays=2) as (url, proc, s, st):
         keeper = st["bookkeeping"]["pid"]
         passthrough = 0
         stop = asyncio.Event()
@@ -200,13 +200,7 @@ async def test_sighup_reopens_the_record_file_and_cuts_no_stream(tmp_path: Path)
     records go to a new file by the old name."""
     record = tmp_path / "r.jsonl"
     args = ("--workers", "2", "--metrics-url", "none")
-    async with (
-        sim_process("--speed", "5") as sim_url,
-        proxy_process(sim_url, record, *args) as (url, proc_),
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
-    ):
-        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
-        await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 2, "ready")
+    async with _supervised(record, *args, speed="5", relays=2) as (url, proc, s, _):
         load = Load(s, url, 8, max_tokens=100)
         await load.until(10)
         await _until(s, url, lambda st: st["records"]["written"] >= 5, "records written")
@@ -234,13 +228,7 @@ async def test_a_stopped_bookkeeper_gets_a_partial_status_within_2_s(tmp_path: P
     3 s) with the relay's own counters, marked partial; after SIGCONT the whole status again."""
     record = tmp_path / "r.jsonl"
     args = ("--workers", "1", "--metrics-url", "none", "--bookkeeping-buffer", "64KB")
-    async with (
-        sim_process("--speed", "10") as sim_url,
-        proxy_process(sim_url, record, *args) as (url, proc_),
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
-    ):
-        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
-        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 1, "ready")
+    async with _supervised(record, *args, speed="10", relays=1) as (url, proc, s, st):
         keeper = st["bookkeeping"]["pid"]
         load = Load(s, url, 16, max_tokens=200)
         await load.until(5)
@@ -268,13 +256,12 @@ async def test_a_bookkeeper_that_keeps_dying_stops_the_proxy_with_one_line(tmp_p
     """Past 5 deaths of the bookkeeper within a minute it is not restarted again: the proxy stops, exit 1, and
     its last line says why; the backoff grows between restarts."""
     record = tmp_path / "r.jsonl"
-    async with (
-        sim_process("--speed", "20") as sim_url,
-        proxy_process(sim_url, record, "--workers", "1", "--metrics-url", "none") as (url, proc_),
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+    async with _supervised(record, "--workers", "1", "--metrics-url", "none", speed="20", relays=1) as (
+        url,
+        proc,
+        s,
+        st,
     ):
-        proc: asyncio.subprocess.Process = proc_  # type: ignore[assignment]
-        st = await _until(s, url, lambda st: len(st["bookkeeping"]["relay_pids"]) == 1, "ready")
         gaps = []
         for n in range(1, 6):
             keeper = st["bookkeeping"]["pid"]
