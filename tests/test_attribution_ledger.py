@@ -185,3 +185,17 @@ def test_in_flight_counts_requests_not_ended() -> None:
     led.begin("b")
     led.end("a")
     assert led.in_flight() == 1
+
+
+def test_an_interval_takes_the_earliest_chunks_read_whatever_order_they_arrived_in() -> None:
+    """Two relays' chunks reach one bookkeeper batch by batch: all of a's (read at 1-4 ms), then all of b's (read at
+    the same times). The engine counted 4 steps by the scrape: the 4 read first, two of each, not a's four."""
+    led = CounterLedger()
+    led.baseline(0)
+    for rid in ("a", "b"):
+        led.begin(rid)
+    for rid in ("a", "b"):  # a relay's whole batch, then the other's
+        _stream(led, rid, [2, 2, 2, 2], 0)
+    led.settle(2 * MS, _delta(4, accepted=4, drafts=4))  # steps at 1 and 2 ms of each stream
+    assert led.pending_chunks == 4  # two of each left: a's and b's at 3 and 4 ms
+    assert led.pending_for("a") and led.pending_for("b")

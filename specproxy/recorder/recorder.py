@@ -389,6 +389,10 @@ class Recorder:
                 "k_learned": self.scraper.learned_k(),
                 "accepted": cum.accepted if cum else None,
                 "draft_tokens": cum.draft_tokens if cum else None,
+                # scrape intervals settled by the engine's step count, and those that fell back to a cut by time
+                # (more steps counted than our chunks explain: another client, or chunks lagging the counters)
+                "intervals_aligned": self.ledger.aligned,
+                "intervals_cut_by_time": self.ledger.time_cut,
                 "unattributed_accepted": self.ledger.unattributed.accepted,
             },
             "records": {
