@@ -66,8 +66,8 @@ def charts(report: Report, data: ChartInput) -> list[str]:
     summaries = {k: acc.report((("workload", k[0]), ("label", k[1]))) for k, acc in by_wl.items()}
     hues: dict[str, int] = {}  # a series' palette index, the same in every chart of the page
 
-    def colors(names: Sequence[str] | Sequence[tuple[str, object]]) -> list[int]:
-        return [hues.setdefault(n if isinstance(n, str) else n[0], len(hues)) for n in names]
+    def colors(series: Sequence[tuple[str, object]]) -> list[int]:
+        return [hues.setdefault(name, len(hues)) for name, _ in series]
 
     def series(metric: str, scale: float, only_spec: bool = False) -> list[Series]:
         out: list[Series] = []
