@@ -55,3 +55,8 @@ _unit_guard  # tests/conftest.py: autouse, guards the unit tier
 _.begun
 _.late_written
 _.late_dropped
+
+# httptools (llhttp) calls its protocol object back by these names: proxy/llbody.py
+_.on_body
+_.on_message_begin
+_.on_message_complete

@@ -53,6 +53,7 @@ UNIT_MODULES = frozenset(
         "test_redact",
         "test_render_escape",
         "test_run_summary",
+        "test_upstream_parser",
         "test_schedule",
         "test_sink",
     }

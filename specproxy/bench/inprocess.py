@@ -28,10 +28,10 @@ from multidict import CIMultiDict
 from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig
-from specproxy.proxy.http1 import CHUNKED, Chunked
+from specproxy.proxy.http1 import CHUNKED
 from specproxy.proxy.link import EventLink, Relayed
 from specproxy.proxy.server import _sink, upstream_session
-from specproxy.proxy.upstream import Connection, Exchange, Pool
+from specproxy.proxy.upstream import Connection, Exchange, Pool, _reader
 from specproxy.recorder.recorder import RecorderConfig
 
 EVENT = (
@@ -82,7 +82,7 @@ async def relay_per_read(events: int, per_read: int) -> float:
     ex = Exchange(conn, "POST", False, None)
     conn.exchange = ex
     ex._head.set_result(None)  # type: ignore[arg-type]  # the head is not read here
-    conn._framing, conn._chunked = CHUNKED, Chunked()
+    conn._framing, conn._reader = CHUNKED, _reader(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", CHUNKED, 0)
     ex._sink = _sink(_Discard(), True, link, Relayed(1, 0))
     read = (b"%x\r\n%b\r\n" % (len(EVENT), EVENT)) * per_read
 

@@ -12,6 +12,7 @@ and trailing whitespace; trailers are read and dropped.
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and fields) longer than this is refused
 MAX_INTERIM = 32  # more 1xx heads than this before the answer are refused (a flood would otherwise hold the relay)
@@ -219,3 +220,37 @@ class Chunked:
             raise InvalidResponse(f"an invalid chunk size: {line[:30]!r}")
         self._need = int(size, 16)
         self._state = self._DATA if self._need else self._TRAILER
+
+
+class BodyReader(Protocol):
+    """Takes the framing off a body read by read: :class:`Framed` or :class:`specproxy.proxy.llbody.Body`."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def feed(self, data: bytes) -> tuple[bytes, bool | None]: ...
+
+
+class Framed:
+    """A body framed by Content-Length or chunked, read in Python: what the relay reads with where httptools is not
+    installed (:class:`specproxy.proxy.llbody.Body` reads it otherwise), and the reference that one is tested
+    against. :meth:`feed` returns the body bytes in a read and whether the body ended (None: not yet; False: ended
+    with the read; True: bytes followed it)."""
+
+    __slots__ = ("_chunked", "_left")
+
+    def __init__(self, how: str, length: int) -> None:
+        self._chunked = Chunked() if how == CHUNKED else None
+        self._left = length
+
+    @property
+    def done(self) -> bool:
+        return self._chunked.done if self._chunked is not None else self._left == 0
+
+    def feed(self, data: bytes) -> tuple[bytes, bool | None]:
+        if self._chunked is not None:
+            piece, after = self._chunked.feed(data)
+            return piece, None if after is None else bool(after)
+        take = data if len(data) <= self._left else data[: self._left]
+        self._left -= len(take)
+        return take, None if self._left else len(take) < len(data)

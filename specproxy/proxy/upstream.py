@@ -36,8 +36,14 @@ import aiohappyeyeballs
 
 from specproxy.core.headers import CLIENT_KEEPALIVE_S
 from specproxy.proxy import http1
-from specproxy.proxy.http1 import CHUNKED, CLOSE, LENGTH, NONE, Chunked, Head, InvalidResponse
+from specproxy.proxy.http1 import CHUNKED, CLOSE, LENGTH, NONE, BodyReader, Framed, Head, InvalidResponse
 from specproxy.proxy.resolve import Resolver
+
+_LLBody: Callable[[bytes], BodyReader] | None
+try:  # llhttp reads the bodies (specproxy.proxy.llbody); without httptools, the same rules in Python (http1.Framed)
+    from specproxy.proxy.llbody import Body as _LLBody
+except ImportError:  # pragma: no cover - httptools is a dependency: this is a broken install's fallback
+    _LLBody = None
 
 # A pooled connection closed under a request fails at once (the upstream's close crossed our send). A failure later
 # than this after sending is an upstream that read the request and died on it: that one is not sent again.
@@ -182,7 +188,7 @@ class Connection(asyncio.Protocol):
         self._interim = 0  # 1xx heads seen before this exchange's answer
         self._framing = NONE
         self._left = 0  # body bytes still to come (LENGTH)
-        self._chunked: Chunked | None = None
+        self._reader: BodyReader | None = None  # takes the framing off a LENGTH or CHUNKED body
         self._keep = False
         self._last_read = 0  # perf_counter_ns of the last read (the stamp each read takes anyway)
         self._timer: asyncio.TimerHandle | None = None
@@ -286,7 +292,7 @@ class Connection(asyncio.Protocol):
                 del buf[:at]
                 return
             head = http1.parse_head(bytes(buf[at:end]))
-            at = end
+            head_at, at = at, end
             if head.status == 101:
                 raise InvalidResponse("101 Switching Protocols: upgrades are not relayed")
             if head.status < 200:  # 1xx: informational, not relayed (as aiohttp's client skips them)
@@ -294,37 +300,28 @@ class Connection(asyncio.Protocol):
                 if self._interim > http1.MAX_INTERIM:
                     raise InvalidResponse(f"more than {http1.MAX_INTERIM} interim (1xx) replies before the answer")
                 continue
-            rest = bytes(buf[end:])
+            block, rest = bytes(buf[head_at:end]), bytes(buf[end:])
             self._framing, self._left = http1.framing(head, ex.method)
             self._keep = http1.keeps_alive(head) and self._framing != CLOSE
-            self._chunked = Chunked() if self._framing == CHUNKED else None
+            self._reader = _reader(block, self._framing, self._left)
             self._buf.clear()
             ex._got_head(head)
-            if self._framing == NONE:
+            if self._framing == NONE or (self._reader is not None and self._reader.done):  # or Content-Length: 0
                 self._done(ex, keep=self._keep and not rest)
             elif rest:
                 self._body(ex, t, rest)
-            elif self._framing == LENGTH and self._left == 0:
-                self._done(ex, keep=self._keep)
             return
 
     def _body(self, ex: Exchange, t: int, data: bytes) -> None:
-        framing = self._framing
-        if framing == CHUNKED:
-            assert self._chunked is not None
-            piece, after = self._chunked.feed(data)
+        reader = self._reader
+        if reader is not None:
+            piece, after = reader.feed(data)
             if piece:
+                self._left -= len(piece)  # counts down for LENGTH (what a cut body lacked); unread for CHUNKED
                 ex._deliver(t, piece)
             if after is not None:
                 self._done(ex, keep=self._keep and not after)
-        elif framing == LENGTH:
-            take = data if len(data) <= self._left else data[: self._left]
-            self._left -= len(take)
-            if take:
-                ex._deliver(t, take)
-            if self._left == 0:
-                self._done(ex, keep=self._keep and len(take) == len(data))
-        elif framing == CLOSE:
+        elif self._framing == CLOSE:
             ex._deliver(t, data)
         else:  # bytes after a reply without a body: not to be trusted with another request
             self._keep = False
@@ -500,6 +497,15 @@ class Pool:
             conn.close()
         if idle:
             await asyncio.wait([c.lost for c in idle], timeout=within_s)
+
+
+def _reader(head: bytes, framing: str, length: int) -> BodyReader | None:
+    """What takes the framing off the body after ``head`` (None for a body read to the close, or none): llhttp where
+    httptools is installed, which checks the head too (so a head is relayed only when both parsers take it)."""
+    if _LLBody is None:
+        return Framed(framing, length) if framing in (LENGTH, CHUNKED) else None
+    body = _LLBody(head)
+    return body if framing in (LENGTH, CHUNKED) else None
 
 
 def request_head(method: str, target: str, authority: str, fields: Iterable[tuple[str, str]], size: int) -> bytes:
