@@ -7,6 +7,9 @@ at most and never beside Transfer-Encoding, chunk sizes in hex only, chunked as 
 de-chunked but still gzip-coded would reach the client as bytes it cannot know to decode). As lenient as RFC 9112
 2.2 allows where nothing can be read two ways: a bare LF ends a line; a chunk size may carry extensions (ignored)
 and trailing whitespace; trailers are read and dropped.
+
+The relay reads bodies with llhttp (:mod:`specproxy.proxy.llbody`) after this module has judged the head; the body
+reader here (:class:`Framed`) is what it falls back on without httptools, and the reference llhttp is tested against.
 """
 
 from __future__ import annotations
