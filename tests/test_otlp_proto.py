@@ -3,16 +3,12 @@ span a record makes (recorder/otlp.py), W3C traceparent parsing, and the export'
 
 from __future__ import annotations
 
-import base64
-
-import orjson
 import pytest
 from analysisutil import make_record
-from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
+from otlputil import attributes, json_to_message, value_of
 
 from specproxy.core.otlp_proto import (
     FLAG_HAS_IS_REMOTE,
@@ -32,30 +28,6 @@ from specproxy.recorder.otlp import operation_name, parse_headers, span_of_recor
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CFG = OtlpConfig(traces_url="http://collector:4318/v1/traces", server_address="engine", server_port=8000)
 RESOURCE = (("service.name", "specproxy"), ("deployment.environment", "test"))
-
-
-def json_to_message(body: bytes, msg: ExportTraceServiceRequest) -> None:
-    """OTLP/JSON into the message: its ids are hex where protobuf's own JSON mapping has base64 (the spec's one
-    difference, which collectors undo the same way)."""
-    doc = orjson.loads(body)
-    for rs in doc["resourceSpans"]:
-        for ss in rs["scopeSpans"]:
-            for span in ss["spans"]:
-                for key in ("traceId", "spanId", "parentSpanId"):
-                    if key in span:
-                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
-    json_format.ParseDict(doc, msg)
-
-
-def _value(v: AnyValue) -> object:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return tuple(_value(x) for x in v.array_value.values)
-    return getattr(v, kind)
-
-
-def _attrs(span: PbSpan) -> dict[str, object]:
-    return {kv.key: _value(kv.value) for kv in span.attributes}
 
 
 SPAN = Span(
@@ -92,7 +64,7 @@ def test_a_request_reads_back_field_for_field(form: str) -> None:
     else:
         json_to_message(export_request_json(RESOURCE, "specproxy", "1.2", [span_json(SPAN)] * 2), msg)
     (rs,) = msg.resource_spans
-    assert {kv.key: _value(kv.value) for kv in rs.resource.attributes} == dict(RESOURCE)
+    assert {kv.key: value_of(kv.value) for kv in rs.resource.attributes} == dict(RESOURCE)
     (ss,) = rs.scope_spans
     assert (ss.scope.name, ss.scope.version) == ("specproxy", "1.2")
     assert len(ss.spans) == 2
@@ -102,7 +74,7 @@ def test_a_request_reads_back_field_for_field(form: str) -> None:
     assert (s.start_time_unix_nano, s.end_time_unix_nano) == (SPAN.start_ns, SPAN.end_ns)
     assert s.status.code == Status.STATUS_CODE_ERROR and s.status.message == "upstream said no"
     assert s.flags == 0x301
-    assert _attrs(s) == dict(SPAN.attributes)
+    assert attributes(s) == dict(SPAN.attributes)
 
 
 def test_a_root_span_has_no_parent_field_and_an_unset_status() -> None:

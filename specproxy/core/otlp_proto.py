@@ -52,7 +52,12 @@ class Span:
 
 
 # -- the protobuf wire format --------------------------------------------------------------------------------------
+_SMALL = [bytes((i,)) for i in range(128)]  # a one-byte varint: nearly every tag and length here
+
+
 def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _SMALL[n]
     if n < 0:
         n += 1 << 64  # int64: two's complement, ten bytes
     out = bytearray()
