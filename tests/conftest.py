@@ -46,6 +46,7 @@ UNIT_MODULES = frozenset(
         "test_core_schema",
         "test_core_sse",
         "test_core_stream",
+        "test_otlp_proto",
         "test_http1",
         "test_layout",
         "test_loadgen_plan",

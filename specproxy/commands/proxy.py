@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,8 +29,11 @@ from specproxy.proxy.config import (
     ProxyConfig,
     authorization_value,
     read_credentials_file,
+    read_secret_file,
 )
 from specproxy.proxy.workers import Ended, default_workers
+from specproxy.recorder.config import OtlpConfig
+from specproxy.recorder.otlp import PROTOCOLS, OtlpConfigError, parse_headers, parse_resource, traces_url
 from specproxy.recorder.recorder import RecorderConfig
 from specproxy.recorder.sink import FILE_MODE, RecordSink
 
@@ -118,6 +122,73 @@ def upstream_credentials(upstream: str, path: Path | None) -> str | None:
     return None
 
 
+# Header names whose values are usually secrets: given with --otlp-header, every local user can read them (ps)
+_SECRET_HEADER_RE = re.compile(r"authorization|cookie|key|token|secret|password|signature", re.IGNORECASE)
+
+
+def otlp_config(
+    endpoint: str | None, protocol: str | None, header: list[str], headers_file: Path | None, upstream: str
+) -> OtlpConfig | None:
+    """The span export's settings, from the options and the standard OpenTelemetry variables (docs/otel.md): on
+    with ``--otlp-endpoint``, or with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT set (unless
+    OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none). The headers' variables are taken out of the environment
+    once read, as the upstream's credentials are."""
+    env = os.environ
+    env_headers = env.pop("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "") or env.pop("OTEL_EXPORTER_OTLP_HEADERS", "")
+    env.pop("OTEL_EXPORTER_OTLP_HEADERS", None)
+    env_off = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or (
+        env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none"
+    )
+    if endpoint is not None:
+        url = traces_url(check_url(endpoint, "--otlp-endpoint"))
+    elif not env_off and (full := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()):
+        url = traces_url(check_url(full, "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), full=True)
+    elif not env_off and (base := env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()):
+        url = traces_url(check_url(base, "$OTEL_EXPORTER_OTLP_ENDPOINT"))
+    else:
+        if header or headers_file is not None or protocol is not None:
+            raise typer.BadParameter("--otlp-protocol, --otlp-header and --otlp-headers-file need --otlp-endpoint")
+        return None
+    proto = (
+        protocol
+        or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
+        or "http/protobuf"
+    )
+    if proto not in PROTOCOLS:
+        raise typer.BadParameter(f"--otlp-protocol must be http/protobuf or http/json (no grpc), got {proto!r}")
+    pairs: list[tuple[str, str]] = []
+    try:
+        if env_headers:
+            pairs += parse_headers(env_headers, "$OTEL_EXPORTER_OTLP_HEADERS")
+        if headers_file is not None:
+            source = f"--otlp-headers-file {headers_file}"
+            pairs += parse_headers(read_secret_file(str(headers_file), source), source)
+        for h in header:
+            given = parse_headers(h, "--otlp-header")
+            if any(_SECRET_HEADER_RE.search(k) for k, _ in given):
+                typer.echo(
+                    "specproxy proxy: warning: --otlp-header values are visible to every local user (ps, "
+                    "/proc/PID/cmdline); give secrets in $OTEL_EXPORTER_OTLP_HEADERS or --otlp-headers-file",
+                    err=True,
+                )
+            pairs += given
+    except (OtlpConfigError, CredentialsError) as e:
+        fail(str(e))
+    if any(k.lower() in ("content-type", "content-length", "host") for k, _ in pairs):
+        fail("OTLP headers cannot set Content-Type, Content-Length or Host")
+    up = urlsplit(upstream)
+    return OtlpConfig(
+        traces_url=url,
+        protocol=proto,
+        headers=tuple(pairs),
+        service_name=env.get("OTEL_SERVICE_NAME", "").strip() or "specproxy",
+        resource=parse_resource(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),
+        server_address=up.hostname,
+        server_port=up.port or (443 if up.scheme == "https" else 80),
+    )
+
+
 def register(app: typer.Typer) -> None:
     @command(app, "proxy")
     def proxy(
@@ -196,10 +267,32 @@ def register(app: typer.Typer) -> None:
             "--slo",
             help="ttft=500ms,tpot=50ms,e2e=30s (WORKLOAD:... too): live attainment and goodput in status.",
         ),
+        otlp_endpoint: str | None = typer.Option(
+            None,
+            "--otlp-endpoint",
+            help="Export a span per inference request over OTLP/HTTP to this base URL (spans go to URL/v1/traces); "
+            "default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else off.",
+            show_default=False,
+        ),
+        otlp_protocol: str | None = typer.Option(
+            None, "--otlp-protocol", help="http/protobuf (default) or http/json.", show_default=False
+        ),
+        otlp_header: list[str] | None = typer.Option(
+            None,
+            "--otlp-header",
+            help="KEY=VALUE sent with every export (repeatable); for secrets use $OTEL_EXPORTER_OTLP_HEADERS or "
+            "--otlp-headers-file, which no other user can read.",
+        ),
+        otlp_headers_file: Path | None = typer.Option(
+            None,
+            "--otlp-headers-file",
+            help="A file (mode 0600) of KEY=VALUE lines sent with every export, e.g. an API key.",
+        ),
     ) -> None:
         """Transparent recording proxy in front of vLLM (or any OpenAI-compatible engine)."""
         up = check_url(upstream, "--upstream")
         authorization = upstream_credentials(up, credentials_file)
+        otlp = otlp_config(otlp_endpoint, otlp_protocol, otlp_header or [], otlp_headers_file, up)
         check_engine(engine)
         host, port = parse_listen(listen)
         if capture not in CAPTURES:
@@ -289,6 +382,7 @@ def register(app: typer.Typer) -> None:
             bookkeeping_buffer_bytes=bookkeeping_buffer_bytes,
             workers=default_workers() if workers < 0 else workers,
             upstream_authorization=authorization,
+            otlp=otlp,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if cfg.workers == 0:

@@ -23,7 +23,7 @@ import orjson
 
 from specproxy.core.salvage import GLUED, glued_tail
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -113,6 +113,7 @@ class Record(TypedDict):
     # The engine's own counts and durations (Ollama eval_*/prompt_eval_*, llama.cpp timings), tokens and seconds:
     # prompt_tokens, prompt_s, decode_tokens, decode_s, load_s, total_s, draft_tokens, draft_accepted.
     engine_timings: dict[str, float] | None
+    trace_parent: str | None  # the client's W3C traceparent header, kept when the proxy exports spans (OTLP)
     # Optional, not written by the recorder: a measured figure a user may add for `specproxy roofline`.
     read_bytes_per_token: NotRequired[float | None]
 
@@ -154,6 +155,8 @@ _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     3: _adding("engine", "engine_timings"),
     # 5: the chunks' token counts say where they came from apart from the total's; version 4 had one source for both
     4: _upgrade_4_to_5,
+    # 6: the client's traceparent; version 5 never read it
+    5: _adding("trace_parent"),
 }
 
 
@@ -401,6 +404,7 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         turn=_int(obj.get("turn")),
         engine=_str(obj.get("engine")),
         engine_timings=_timings(obj.get("engine_timings")),
+        trace_parent=_str(obj.get("trace_parent")),
     )
     if "read_bytes_per_token" in obj:
         rec["read_bytes_per_token"] = number(obj["read_bytes_per_token"])

@@ -26,8 +26,9 @@ FIELDS: tuple[Field, ...] = (
         ("schema_version",),
         "int",
         (
-            "5 (version 4 had no `chunk_token_source`, version 3 no `engine` / `engine_timings`, version 2 no "
-            "`conversation` and `turn`, version 1 no `cached_tokens`; readers upgrade them with nulls)"
+            "6 (version 5 had no `trace_parent`, version 4 no `chunk_token_source`, version 3 no `engine` / "
+            "`engine_timings`, version 2 no `conversation` and `turn`, version 1 no `cached_tokens`; readers upgrade "
+            "them with nulls)"
         ),
         "not exported: a table is written from records upgraded to the current version",
     ),
@@ -328,6 +329,15 @@ FIELDS: tuple[Field, ...] = (
             "rate beside the chunk-timed `decode_tok_s`; only the keys the engine sent"
         ),
         "not exported: its keys differ by engine; read it from the JSONL",
+    ),
+    Field(
+        ("trace_parent",),
+        "str or null",
+        (
+            "the client's W3C `traceparent` header, as sent, when the proxy exports spans (`--otlp-endpoint`, "
+            "[docs/otel.md](otel.md)) and the header is valid; the request's span is its child. Null otherwise"
+        ),
+        "not exported: a trace id, for finding the request in a tracing backend; read it from the JSONL",
     ),
     Field(
         ("read_bytes_per_token",),

@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from specproxy.core.otlp_proto import parse_traceparent
 from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
@@ -48,6 +49,8 @@ from specproxy.proxy.events import (
     reply_payload,
     split_begin,
 )
+from specproxy.proxy.link import TRACE_HEADER
+from specproxy.recorder.otlp import OtlpCollector, SpanExporter
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.slo_status import SloTracker
 from specproxy.recorder.trace import RequestMeta, Trace
@@ -130,12 +133,22 @@ class Connection:
 
 
 class Bookkeeper:
+    otlp: SpanExporter | None = None  # --otlp-endpoint: each record's span
+
     @classmethod
     def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
-        """The bookkeeper of ``cfg``, its recorder on ``session``; with ``--slo``, live SLO figures in its status."""
+        """The bookkeeper of ``cfg``, its recorder on ``session``; with ``--slo``, live SLO figures in its status;
+        with ``--otlp-endpoint``, a span per record (on its own session: ``session`` carries the upstream's
+        credentials)."""
         slo = SloTracker(cfg.slo) if cfg.slo is not None else None
-        rcfg = cfg.recorder if slo is None else replace(cfg.recorder, observers=(*cfg.recorder.observers, slo.observe))
-        return cls(cfg, Recorder(rcfg, session), slo)
+        otlp = SpanExporter(cfg.otlp) if cfg.otlp is not None else None
+        observers = (*([slo.observe] if slo else []), *([otlp.observe] if otlp else []))
+        rcfg = replace(cfg.recorder, observers=(*cfg.recorder.observers, *observers)) if observers else cfg.recorder
+        keeper = cls(cfg, Recorder(rcfg, session), slo)
+        if otlp is not None:
+            keeper.otlp = otlp
+            keeper.recorder.metrics.registry.register(OtlpCollector(otlp))
+        return keeper
 
     def __init__(self, cfg: ProxyConfig, recorder: Recorder, slo: SloTracker | None = None) -> None:
         self.cfg = cfg
@@ -296,6 +309,7 @@ class Bookkeeper:
             request_id=str(doc["rid"]),
             started_at=float(doc["at"]),
             start_ns=start_ns,
+            trace_parent=tp if parse_traceparent(tp := doc["h"].get(TRACE_HEADER)) is not None else None,
         )
         trace = self.recorder.begin(meta)
         if doc.get("shed"):
@@ -344,6 +358,8 @@ class Bookkeeper:
         st["bookkeeping"] = self.relay_totals()
         if self.slo is not None:
             st["slo"] = self.slo.status()
+        if self.otlp is not None:
+            st["otlp"] = self.otlp.status()
         return st
 
     def _push_health(self) -> None:
@@ -367,6 +383,8 @@ class Bookkeeper:
         for conn in self.connections:
             conn.lost("the proxy stopped")
         await self.recorder.close()
+        if self.otlp is not None:  # after the last record: its span goes too
+            await self.otlp.close()
 
 
 class _RelayCollector(Collector):

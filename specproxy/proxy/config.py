@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from specproxy.analysis.slo import SloSpec
 from specproxy.core.workload_rules import Rule
+from specproxy.recorder.config import OtlpConfig
 from specproxy.recorder.recorder import RecorderConfig
 
 
@@ -34,6 +35,7 @@ class ProxyConfig:
     # Events a relay holds for its bookkeeper before it sheds chunk events and large bodies (twice this: new
     # requests go unrecorded, counted as lost). --bookkeeping-buffer.
     bookkeeping_buffer_bytes: int = 8 * 1024 * 1024
+    otlp: OtlpConfig | None = None  # --otlp-endpoint: a span per inference request, from the bookkeeper
     workers: int = 0  # relay processes (0: one process, the bookkeeper on the relay's loop)
     # The Authorization field for the upstream, for requests that bring none (SPECPROXY_UPSTREAM_CREDENTIALS or
     # --upstream-credentials-file; None: the user:password of the upstream's URL, if any). Never shown: not in repr.
@@ -134,6 +136,13 @@ def read_credentials_file(path: str) -> str:
     """The Authorization field value from the credentials file at ``path`` (:func:`authorization_value`), after
     :func:`check_credentials_mode`. Raises :class:`CredentialsError` with a one-line reason."""
     source = f"credentials file {path}"
+    return authorization_value(read_secret_file(path, source), source)
+
+
+def read_secret_file(path: str, source: str) -> str:
+    """The text of a file of secrets (credentials, ``--otlp-headers-file``), after :func:`check_credentials_mode`:
+    a regular file of UTF-8 text, at most :data:`MAX_CREDENTIALS_BYTES`. Raises :class:`CredentialsError` with a
+    one-line reason that names ``source``."""
     try:
         # O_NONBLOCK: a FIFO put there is refused below instead of blocking the start; a symbolic link is followed
         # (a Kubernetes Secret volume's files are links into its ..data folder)
@@ -146,14 +155,13 @@ def read_credentials_file(path: str) -> str:
             raise CredentialsError(f"{source} is not a regular file")
         check_credentials_mode(st, source)
         if st.st_size > MAX_CREDENTIALS_BYTES:
-            raise CredentialsError(f"{source} is over {MAX_CREDENTIALS_BYTES} bytes: it holds one credential line")
+            raise CredentialsError(f"{source} is over {MAX_CREDENTIALS_BYTES} bytes: too large for credentials")
         data = os.read(fd, MAX_CREDENTIALS_BYTES + 1)
     except OSError as e:
         raise CredentialsError(f"cannot read {source}: {e.strerror}") from None
     finally:
         os.close(fd)
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise CredentialsError(f"{source} is not UTF-8 text") from None
-    return authorization_value(text, source)

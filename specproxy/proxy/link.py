@@ -24,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -60,6 +60,14 @@ FLUSH_BYTES = 256 * 1024
 QUERY_TIMEOUT_S = 2.0  # then the own endpoints answer with what the relay knows, marked partial
 GONE = 0  # a query's answer when the bookkeeper went away before it answered
 MAX_DOUBTFUL = 100_000
+TRACE_HEADER = "traceparent"  # W3C Trace Context: sent to the bookkeeper when spans are exported (--otlp-endpoint)
+
+
+def header_names(rule_headers: Iterable[str], *, trace: bool) -> tuple[str, ...]:
+    """The request headers a relay sends to its bookkeeper with each request: those the workload rules read, and
+    with ``trace`` the client's ``traceparent`` (its span's parent). The relay forwards every one of them to the
+    engine unchanged either way."""
+    return tuple(sorted({h.lower() for h in rule_headers} | ({TRACE_HEADER} if trace else set())))
 
 
 class Relayed:

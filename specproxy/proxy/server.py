@@ -47,7 +47,7 @@ from specproxy.core.headers import CLIENT_KEEPALIVE_S, REQUEST_ID_HEADER, WORKLO
 from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig, basic_authorization
-from specproxy.proxy.link import EventLink, Relayed
+from specproxy.proxy.link import EventLink, Relayed, header_names
 from specproxy.proxy.upstream import Exchange, Pool, Sink, UpstreamError, request_head
 from specproxy.recorder.recorder import Recorder
 from specproxy.server_log import quiet_bad_requests
@@ -370,7 +370,7 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
         soft_bytes=cfg.bookkeeping_buffer_bytes,
         hard_bytes=2 * cfg.bookkeeping_buffer_bytes,
         capture_max_bytes=cfg.recorder.capture_max_bytes,
-        header_names=tuple(sorted({r.header_name.lower() for r in cfg.rules if r.header_name})),
+        header_names=header_names((r.header_name for r in cfg.rules if r.header_name), trace=cfg.otlp is not None),
     )
 
     async def resources(app: web.Application) -> Any:

@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specproxy.core.record import Record
 from specproxy.recorder.sink import DEFAULT_MAX_PENDING_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class OtlpConfig:
+    """Where and how spans go (``--otlp-endpoint``, docs/otel.md): OTLP over HTTP, one span per inference record."""
+
+    traces_url: str  # the full URL spans are posted to (ENDPOINT/v1/traces)
+    protocol: str = "http/protobuf"  # or http/json
+    # Fields sent with every export (an API key): never shown, never logged, never in a record. Not in repr.
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    timeout_s: float = 10.0  # one export's whole POST
+    batch_spans: int = 512  # spans per export at most
+    interval_s: float = 1.0  # a batch goes out at least this often while spans wait
+    max_queue: int = 2048  # spans waiting beyond this: the oldest are dropped, counted
+    close_timeout_s: float = 1.0  # at the proxy's stop, the last spans get this long (inside the stop's grace)
+    service_name: str = "specproxy"
+    resource: tuple[tuple[str, str], ...] = ()  # OTEL_RESOURCE_ATTRIBUTES
+    server_address: str | None = None  # the engine's host and port, as server.address / server.port
+    server_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

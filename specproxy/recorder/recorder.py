@@ -321,6 +321,7 @@ class Recorder:
             "turn": meta.turn,
             "engine": self.engine.of(None, self.scraper.state.engine),
             "engine_timings": None,
+            "trace_parent": meta.trace_parent,
         }
 
     def _observe(self, rec: Record) -> None:

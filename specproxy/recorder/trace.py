@@ -31,6 +31,7 @@ class RequestMeta:
     repeat: int | None = None
     conversation: str | None = None  # a multi-turn request's conversation (load generator)
     turn: int | None = None  # its turn, from 1
+    trace_parent: str | None = None  # the client's valid W3C traceparent, when spans are exported (OTLP)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     started_at: float = field(default_factory=time.time)
     start_ns: int = field(default_factory=time.perf_counter_ns)
