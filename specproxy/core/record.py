@@ -23,7 +23,7 @@ import orjson
 
 from specproxy.core.salvage import GLUED, glued_tail
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -100,6 +100,7 @@ class Record(TypedDict):
     reads: int
     multi_event_reads: int
     keepalives: int
+    buffer_sized_reads: int | None  # reads of exactly 2**n bytes, 1-64 KiB: a buffering hop's; null before v6
     chunks_are_steps: bool
     flags: list[str]
     proxy_overhead_s: Overhead | None
@@ -154,6 +155,8 @@ _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     3: _adding("engine", "engine_timings"),
     # 5: the chunks' token counts say where they came from apart from the total's; version 4 had one source for both
     4: _upgrade_4_to_5,
+    # 6: reads of a buffer's size (a buffering hop between engine and recorder); version 5 did not count them
+    5: _adding("buffer_sized_reads"),
 }
 
 
@@ -389,6 +392,7 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         events=_int(obj.get("events")) or 0,
         reads=_int(obj.get("reads")) or 0,
         multi_event_reads=_int(obj.get("multi_event_reads")) or 0,
+        buffer_sized_reads=_int(obj.get("buffer_sized_reads")),
         keepalives=_int(obj.get("keepalives")) or 0,
         chunks_are_steps=obj.get("chunks_are_steps") is True,
         flags=[f for f in flags if isinstance(f, str)] if isinstance(flags, list) else [],
