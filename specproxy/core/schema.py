@@ -26,8 +26,9 @@ FIELDS: tuple[Field, ...] = (
         ("schema_version",),
         "int",
         (
-            "6 (version 5 had no `buffer_sized_reads`, version 4 no `chunk_token_source`, version 3 no `engine` / `engine_timings`, version 2 no "
-            "`conversation` and `turn`, version 1 no `cached_tokens`; readers upgrade them with nulls)"
+            "6 (version 5 had no `buffer_sized_reads`, version 4 no `chunk_token_source`, version 3 no `engine` / "
+            "`engine_timings`, version 2 no `conversation` and `turn`, version 1 no `cached_tokens`; readers upgrade "
+            "them with nulls)"
         ),
         "not exported: a table is written from records upgraded to the current version",
     ),

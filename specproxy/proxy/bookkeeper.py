@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from specproxy.analysis.buffering import BufferingTracker
 from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
 from specproxy.proxy.config import ProxyConfig
@@ -132,15 +133,21 @@ class Connection:
 class Bookkeeper:
     @classmethod
     def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
-        """The bookkeeper of ``cfg``, its recorder on ``session``; with ``--slo``, live SLO figures in its status."""
+        """The bookkeeper of ``cfg``, its recorder on ``session``; with ``--slo``, live SLO figures in its status; the
+        path's buffering verdict (:mod:`specproxy.analysis.buffering`) always."""
         slo = SloTracker(cfg.slo) if cfg.slo is not None else None
         rcfg = cfg.recorder if slo is None else replace(cfg.recorder, observers=(*cfg.recorder.observers, slo.observe))
-        return cls(cfg, Recorder(rcfg, session), slo)
+        hop = BufferingTracker()
+        rcfg = replace(rcfg, observers=(*rcfg.observers, hop.observe))
+        keeper = cls(cfg, Recorder(rcfg, session), slo)
+        keeper.hop = hop
+        return keeper
 
     def __init__(self, cfg: ProxyConfig, recorder: Recorder, slo: SloTracker | None = None) -> None:
         self.cfg = cfg
         self.recorder = recorder
         self.slo = slo
+        self.hop: BufferingTracker | None = None  # the path's buffering verdict, from the recorder's records
         self.resolver = WorkloadResolver(cfg.rules)
         self.connections: list[Connection] = []
         self._health: asyncio.Task[None] | None = None
@@ -344,6 +351,8 @@ class Bookkeeper:
         st["bookkeeping"] = self.relay_totals()
         if self.slo is not None:
             st["slo"] = self.slo.status()
+        if self.hop is not None:
+            st["path"] = {"buffering": self.hop.status()}
         return st
 
     def _push_health(self) -> None:
