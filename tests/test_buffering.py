@@ -8,7 +8,7 @@ from typing import Any
 
 from specproxy.analysis import render
 from specproxy.analysis.accum import stream_report
-from specproxy.analysis.buffering import BufferingInput, BufferingTracker, response_reads
+from specproxy.analysis.buffering import VERDICTS, BufferingInput, BufferingTracker, response_reads
 from specproxy.analysis.scan import ChunkBatch, item_of
 from specproxy.core.record import Record, as_record
 
@@ -54,7 +54,9 @@ def _verdict(records: list[Record]) -> Any:
     tracker = BufferingTracker()
     for r in records:
         tracker.observe(r)
-    return tracker.status()
+    status = tracker.status()
+    assert status["verdict"] in VERDICTS
+    return status
 
 
 def test_a_hop_that_releases_8_kib_at_a_time_is_buffered() -> None:
