@@ -26,6 +26,7 @@ REAL_TEST_TIMEOUT_S = 300
 UNIT_MODULES = frozenset(
     {
         "test_analysis_advise",
+        "test_buffering",
         "test_analysis_compare",
         "test_analysis_confidence",
         "test_analysis_export",

@@ -56,6 +56,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Record], Any]], ...] = (
     *((n, "string", _field(n)) for n in ("token_source", "chunk_token_source")),  # chunk_token_source: schema 5
     *((n, "float64", _field(n)) for n in ("ttft_s", "e2e_s", "decode_tok_s", "tpot_s", "upstream_headers_s")),
     *((n, "int64", _field(n)) for n in ("events", "reads", "multi_event_reads", "keepalives")),
+    ("buffer_sized_reads", "int64", _field("buffer_sized_reads")),  # record schema 6; null before
     ("chunks_are_steps", "bool", _field("chunks_are_steps")),
     ("flags", "string", lambda r: ",".join(r["flags"])),
     ("proxy_overhead_mean_s", "float64", _overhead("mean")),

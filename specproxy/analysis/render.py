@@ -6,7 +6,7 @@ dicts out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specproxy.analysis import sketch
@@ -56,7 +56,8 @@ def reconciliation_text(acc: Acceptance) -> str:
     return f"{fmt_signed_pct(r.accepted_gap_pct)} (n={r.requests})"
 
 
-def report_tables(report: Report) -> list[Table]:
+def report_tables(report: Report, warnings: Sequence[str] = ()) -> list[Table]:
+    """The report's tables; ``warnings`` (about the runs as a whole: a buffering hop) lead the first's notes."""
     spec = report.spec
     by = list(report.group_by)
     left = tuple("l" for _ in by)
@@ -104,10 +105,11 @@ def report_tables(report: Report) -> list[Table]:
         thr_extra += ["SLO met", "goodput req/s", "goodput tok/s"]
     lat_headers = [*(h for m in _LATENCY_TABLE for h in _header(spec, m, "")), "prompt cached"]
     notes: list[str] = [
+        *(f"warning: {w}" for w in warnings),
         "output tok/s: the group's completion tokens over the span from its first request's start to its last one's "
         "end; groups sent interleaved in one run overlap in time, so it is not the group's speed (decode tok/s is) "
         "and the groups' figures do not add up to the run's output (`specproxy run` prints that, with each "
-        "workload's share)"
+        "workload's share)",
     ]
     if spec.slo is not None:
         notes.append(f"SLO: {spec.slo.describe()}; goodput counts the requests that met it over the run's span")
@@ -226,7 +228,10 @@ def quantiles_json(exact: bool) -> dict[str, Any]:
     }
 
 
-def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:
+def report_json(
+    report: Report, inputs: Sequence[str] = (), paths: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The stable JSON; ``paths``: per run label, what its path did to the stream (``{"buffering": verdict}``)."""
     return {
         "kind": "specproxy.report",
         "version": JSON_VERSION,
@@ -235,6 +240,7 @@ def report_json(report: Report, inputs: Sequence[str] = ()) -> dict[str, Any]:
         "requests": report.requests,
         "quantiles": quantiles_json(report.quantiles_exact),
         **({"slo": _slo_json(report.spec)} if report.spec.slo is not None else {}),
+        **({"paths": {label: dict(p) for label, p in paths.items()}} if paths is not None else {}),
         "groups": [
             {
                 "key": dict(g.key),

@@ -21,6 +21,7 @@ from specproxy.analysis.advise_input import MAX_DETAIL_RECORDS, AdviseInput
 from specproxy.analysis.advise_measured import measured_rows, with_measurements
 from specproxy.analysis.aggregate import DEFAULT_GROUP_BY, DEFAULT_SPEC, GROUP_FIELDS
 from specproxy.analysis.batchcost import build_batch_advice
+from specproxy.analysis.buffering import BufferingInput
 from specproxy.analysis.compare import METRICS, ComparisonBuilder
 from specproxy.analysis.html import render_html
 from specproxy.analysis.html_input import ChartInput
@@ -84,18 +85,19 @@ def parse_by(value: str) -> tuple[str, ...]:
 
 def run_report(cfg: ReportConfig) -> None:
     builder = ReportBuilder(cfg.by, cfg.spec)
+    hops = BufferingInput()
     charts = ChartInput(cfg.by) if cfg.format == "html" else None
-    scan_runs(cfg.runs, builder.add, *([charts.add] if charts is not None else []))
+    scan_runs(cfg.runs, builder.add, hops.add, *([charts.add] if charts is not None else []))
     if charts is not None and not charts.items:  # no generation request at all: chart everything instead
         charts = ChartInput(cfg.by, only_generating=False)
         scan_runs(cfg.runs, charts.add)
     report = builder.build()
     inputs = [str(p) for p in cfg.runs]
-    tables = render.report_tables(report)
+    tables = render.report_tables(report, hops.warnings())
     if charts is not None:
         text = render_html(report, charts, tables, cfg.title, inputs)
     else:
-        text = tabular(cfg.format, tables, render.report_csv(report), render.report_json(report, inputs))
+        text = tabular(cfg.format, tables, render.report_csv(report), render.report_json(report, inputs, hops.paths()))
     emit(text, cfg.output)
 
 

@@ -100,6 +100,7 @@ class Record(TypedDict):
     reads: int
     multi_event_reads: int
     keepalives: int
+    buffer_sized_reads: int | None  # reads of exactly 2**n bytes, 1-64 KiB: a buffering hop's; null before v6
     chunks_are_steps: bool
     flags: list[str]
     proxy_overhead_s: Overhead | None
@@ -155,8 +156,9 @@ _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     3: _adding("engine", "engine_timings"),
     # 5: the chunks' token counts say where they came from apart from the total's; version 4 had one source for both
     4: _upgrade_4_to_5,
-    # 6: the client's traceparent; version 5 never read it
-    5: _adding("trace_parent"),
+    # 6: the client's traceparent, and reads of a buffer's size (a buffering hop between engine and recorder);
+    # version 5 read neither
+    5: _adding("trace_parent", "buffer_sized_reads"),
 }
 
 
@@ -392,6 +394,7 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         events=_int(obj.get("events")) or 0,
         reads=_int(obj.get("reads")) or 0,
         multi_event_reads=_int(obj.get("multi_event_reads")) or 0,
+        buffer_sized_reads=_int(obj.get("buffer_sized_reads")),
         keepalives=_int(obj.get("keepalives")) or 0,
         chunks_are_steps=obj.get("chunks_are_steps") is True,
         flags=[f for f in flags if isinstance(f, str)] if isinstance(flags, list) else [],

@@ -26,9 +26,9 @@ FIELDS: tuple[Field, ...] = (
         ("schema_version",),
         "int",
         (
-            "6 (version 5 had no `trace_parent`, version 4 no `chunk_token_source`, version 3 no `engine` / "
-            "`engine_timings`, version 2 no `conversation` and `turn`, version 1 no `cached_tokens`; readers upgrade "
-            "them with nulls)"
+            "6 (version 5 had no `trace_parent` nor `buffer_sized_reads`, version 4 no `chunk_token_source`, "
+            "version 3 no `engine` / `engine_timings`, version 2 no `conversation` and `turn`, version 1 no "
+            "`cached_tokens`; readers upgrade them with nulls)"
         ),
         "not exported: a table is written from records upgraded to the current version",
     ),
@@ -238,6 +238,16 @@ FIELDS: tuple[Field, ...] = (
         "int",
         "SSE events seen, upstream reads, reads that held more than one token-bearing event, comment lines",
         ("events", "reads", "multi_event_reads", "keepalives"),
+    ),
+    Field(
+        ("buffer_sized_reads",),
+        "int or null",
+        (
+            "upstream reads of exactly 1, 2, 4, 8, 16, 32 or 64 KiB, as read (before decompression): a buffer's size, "
+            "what a buffering hop (nginx with `proxy_buffering` or `gzip`) releases when its buffer fills "
+            "([Buffering hops](#buffering-hops)); null in records older than version 6"
+        ),
+        ("buffer_sized_reads",),
     ),
     Field(
         ("chunks_are_steps",),

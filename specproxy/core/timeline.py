@@ -31,6 +31,9 @@ NON_STREAM_PARSE_LIMIT = 32 * 1024 * 1024  # a non-streamed body larger than thi
 EVENT_PARSE_LIMIT = 64 * 1024 * 1024  # an SSE event (or line) growing past this stops the recording of the stream
 INFLATE_LIMIT = 8 * 1024 * 1024  # decompressed bytes per read: more is a decompression bomb, not a token stream
 TEXT_CAPTURE_LIMIT = 4 * 1024 * 1024
+# A read of exactly 2**n bytes in this range is a buffer's size: what a buffering hop (nginx's proxy and gzip
+# buffers, 4 or 8 KiB) releases when its buffer fills. Above it, reads of 2**n are the reader's own read limit.
+BUFFER_SIZES = frozenset(2**n for n in range(10, 17))
 
 
 @dataclass(slots=True)
@@ -56,6 +59,7 @@ class TimelineResult:
     events: int
     reads: int
     multi_event_reads: int
+    buffer_sized_reads: int
     keepalives: int
     non_json_events: int
     response_text: str | None
@@ -108,6 +112,7 @@ class ResponseTimeline:
         self.events = 0
         self.reads = 0
         self.multi_event_reads = 0
+        self.buffer_sized_reads = 0  # reads as they came (before any inflating) of a size in BUFFER_SIZES
         self.non_json = 0
         self.several_choices = False  # n > 1: chunks of several sequences interleave, a chunk is not a step
         self.done = False
@@ -150,6 +155,8 @@ class ResponseTimeline:
     # -- feeding ---------------------------------------------------------------------------------------------------
     def feed(self, t_ns: int, data: bytes) -> None:
         self.reads += 1
+        if len(data) in BUFFER_SIZES:
+            self.buffer_sized_reads += 1
         if self._inflate_failed:
             return
         if self._inflate is not None:
@@ -326,6 +333,7 @@ class ResponseTimeline:
             events=self.events,
             reads=self.reads,
             multi_event_reads=self.multi_event_reads,
+            buffer_sized_reads=self.buffer_sized_reads,
             keepalives=self._sse.comments,
             non_json_events=self.non_json,
             response_text="".join(self._text) if self._keep_text else None,

@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from specproxy.analysis.buffering import BufferingTracker
 from specproxy.core.otlp_proto import parse_traceparent
 from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
@@ -139,12 +140,14 @@ class Bookkeeper:
     def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
         """The bookkeeper of ``cfg``, its recorder on ``session``; with ``--slo``, live SLO figures in its status;
         with ``--otlp-endpoint``, a span per record (on its own session: ``session`` carries the upstream's
-        credentials)."""
+        credentials); the path's buffering verdict (:mod:`specproxy.analysis.buffering`) always."""
         slo = SloTracker(cfg.slo) if cfg.slo is not None else None
         otlp = SpanExporter(cfg.otlp) if cfg.otlp is not None else None
-        observers = (*([slo.observe] if slo else []), *([otlp.observe] if otlp else []))
-        rcfg = replace(cfg.recorder, observers=(*cfg.recorder.observers, *observers)) if observers else cfg.recorder
+        hop = BufferingTracker()
+        observers = (*([slo.observe] if slo else []), *([otlp.observe] if otlp else []), hop.observe)
+        rcfg = replace(cfg.recorder, observers=(*cfg.recorder.observers, *observers))
         keeper = cls(cfg, Recorder(rcfg, session), slo)
+        keeper.hop = hop
         if otlp is not None:
             keeper.otlp = otlp
             keeper.recorder.metrics.registry.register(OtlpCollector(otlp))
@@ -154,6 +157,7 @@ class Bookkeeper:
         self.cfg = cfg
         self.recorder = recorder
         self.slo = slo
+        self.hop: BufferingTracker | None = None  # the path's buffering verdict, from the recorder's records
         self.resolver = WorkloadResolver(cfg.rules)
         self.connections: list[Connection] = []
         self._health: asyncio.Task[None] | None = None
@@ -360,6 +364,8 @@ class Bookkeeper:
             st["slo"] = self.slo.status()
         if self.otlp is not None:
             st["otlp"] = self.otlp.status()
+        if self.hop is not None:
+            st["path"] = {"buffering": self.hop.status()}
         return st
 
     def _push_health(self) -> None:

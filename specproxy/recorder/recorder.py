@@ -252,6 +252,7 @@ class Recorder:
         rec["events"] = tl.events
         rec["reads"] = tl.reads
         rec["multi_event_reads"] = tl.multi_event_reads
+        rec["buffer_sized_reads"] = tl.buffer_sized_reads
         rec["keepalives"] = tl.keepalives
         rec["chunks_are_steps"] = choice.chunks_are_steps
         rec["flags"] = flags
@@ -309,6 +310,7 @@ class Recorder:
             "events": 0,
             "reads": 0,
             "multi_event_reads": 0,
+            "buffer_sized_reads": 0,
             "keepalives": 0,
             "chunks_are_steps": False,
             "flags": flags,
