@@ -126,7 +126,13 @@ async def test_drain_timeout_cuts_the_rest_marked_the_same(tmp_path: Path) -> No
             host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
             idle_r, idle_w = await asyncio.open_connection(host, int(port))  # kept alive, quiet
             idle_w.write(b"GET /specproxy/status HTTP/1.1\r\nHost: x\r\n\r\n")
-            await idle_r.readuntil(b"}}")
+            head = await idle_r.readuntil(b"\r\n\r\n")  # then exactly its body: the connection is idle after it
+            length = next(
+                int(v)
+                for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
+                if k.lower() == b"content-length"
+            )
+            await idle_r.readexactly(length)
             await streams.all_started()
             proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
             assert await asyncio.wait_for(idle_r.read(), 10) == b""  # closed at once, not at the end of the drain
