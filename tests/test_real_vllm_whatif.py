@@ -1,5 +1,6 @@
 """whatif against the real CPU vLLM: a base engine (no speculation) recorded with --capture full, then the ngram
-k = 3 engine on the same greedy prompts; the predicted acceptance is within 0.02 of the engine's own figures."""
+k = 3 engine on the same greedy prompts; the engine's own acceptance lies in whatif's interval (the lower bound, and
+the upper one that counts the last steps' drafts past the recorded end as accepted), give or take 0.02."""
 
 from __future__ import annotations
 
@@ -72,4 +73,5 @@ async def test_whatif_predicts_the_ngram_engines_acceptance(
     sys.stderr.write(
         f"\nwhatif k=3: predicted {row['acceptance']:.4f} measured {measured:.4f} {row} {accepted}/{drafted}\n"
     )
-    assert abs(row["acceptance"] - measured) <= 0.02, (row, accepted, drafted)
+    assert row["acceptance"] <= row["acceptance_high"], row
+    assert row["acceptance"] - 0.02 <= measured <= row["acceptance_high"] + 0.02, (row, accepted, drafted)

@@ -49,3 +49,5 @@ def test_a_copying_response_is_predicted_to_accept(tmp_path: Path) -> None:
     out = json.loads(done.stdout)
     assert out["replayed"] == 1 and [r["k"] for r in out["rows"]] == [1, 2, 3]
     assert all(r["acceptance"] > 0.5 for r in out["rows"]), out["rows"]
+    for r in out["rows"]:  # the interval: the last step's drafts past the end counted as accepted at the top
+        assert r["acceptance_high"] == (r["accepted"] + r["tail_open"]) / r["draft_tokens"] >= r["acceptance"], r

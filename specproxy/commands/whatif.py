@@ -43,6 +43,7 @@ def _row(workload: str, k: int, r: Replay, requests: int, c: float) -> dict[str,
         "accepted": r.accepted,
         "tail_open": r.tail_open,
         "acceptance": r.accepted / r.draft_tokens if r.draft_tokens else None,
+        "acceptance_high": (r.accepted + r.tail_open) / r.draft_tokens if r.draft_tokens else None,
         "mean_acceptance_length": 1 + r.accepted / r.drafts if r.drafts else None,
         "drafting_share": r.drafts / r.decode_steps if r.decode_steps else None,
         "per_position": r.per_position,
@@ -122,13 +123,14 @@ def register(app: typer.Typer) -> None:
         if format == "json":
             typer.echo(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
             return
-        cols = ["workload", "k", "requests", "acceptance", "mean_acceptance_length", "drafting_share",
-                "predicted_speedup", "tail_open"]  # fmt: skip
+        cols = ["workload", "k", "requests", "acceptance", "acceptance_high", "mean_acceptance_length",
+                "drafting_share", "predicted_speedup", "tail_open"]  # fmt: skip
         typer.echo("  ".join(cols))
         for r in rows:
             typer.echo("  ".join(_fmt(r[c]) for c in cols))
         typer.echo(
             f"replayed {out['replayed']} of {seen} records ({skipped_capture} without capture, {skipped_len} token "
             f"count mismatch); speedup at draft cost c={draft_cost} per draft token (advise's step model; "
-            "--draft-cost to change); tail_open: last-step drafts past the recorded end, not counted as accepted"
+            "--draft-cost to change); tail_open: last-step drafts past the recorded end, not counted in acceptance, "
+            "counted in acceptance_high"
         )
