@@ -105,3 +105,20 @@ def test_draft_rates_are_clamped_and_empty_without_data() -> None:
     for n in (5.0, 9.0, 14.0):
         model.add({"ja": n}, 2 * n)  # more drafts than steps: nonsense data, a rate still within [0, 1]
     assert model.rates() == {"ja": 1.0}
+
+
+def _draft_intervals(n: int, noise: float) -> DraftModel:
+    rng = random.Random(11)
+    model = DraftModel()
+    for _ in range(n):
+        ja, code = float(rng.randint(1, 30)), float(rng.randint(1, 30))
+        model.add({"ja": ja, "code": code}, 0.25 * ja + 0.8 * code + rng.gauss(0, noise))
+    return model
+
+
+def test_draft_model_is_stable_only_with_enough_intervals_and_little_noise() -> None:
+    assert not DraftModel().stable()
+    assert not _draft_intervals(DraftModel.MIN_INTERVALS - 1, noise=0.1).stable()  # too few, however clean
+    assert _draft_intervals(200, noise=0.5).stable()
+    assert not _draft_intervals(40, noise=30.0).stable()  # enough intervals, rates not pinned down
+    assert _draft_intervals(DraftModel.MIN_INTERVALS + 5, noise=0.1).intervals == DraftModel.MIN_INTERVALS + 5

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specproxy.attribution.ledger import MAX_CHUNK_AGE_NS, CounterLedger
+from specproxy.attribution.ledger import MAX_CHUNK_AGE_NS, CounterLedger, read_times
 from specproxy.core.prom import SpecCounters
 
 MS = 10**6
@@ -199,3 +199,41 @@ def test_an_interval_takes_the_earliest_chunks_read_whatever_order_they_arrived_
     led.settle(2 * MS, _delta(4, accepted=4, drafts=4))  # steps at 1 and 2 ms of each stream
     assert led.pending_chunks == 4  # two of each left: a's and b's at 3 and 4 ms
     assert led.pending_for("a") and led.pending_for("b")
+
+
+def test_steps_of_one_late_read_are_dated_between_it_and_the_previous_read() -> None:
+    assert read_times(None, 50, 3) == [50, 50, 50]  # no previous read: nothing to spread over
+    assert read_times(10, 50, 1) == [50]
+    assert read_times(10, 40, 3) == [20, 30, 40]
+    assert read_times(50, 50, 2) == [50, 50]  # a read no later than the last: left as read
+
+
+def test_a_late_read_of_two_steps_does_not_sort_ahead_of_another_streams_earlier_step() -> None:
+    """a and b step together every ms; a late reader found steps 1 and 2 of each in one read, a's at 2 ms, b's just
+    after (2.1 ms). The engine counted one batch step (2 request-steps) by the scrape: a's step 1 and b's step 1,
+    not both of a's."""
+    led = CounterLedger()
+    led.baseline(0)
+    for rid in ("a", "b"):
+        led.begin(rid)
+        led.record_read(rid, [1], 0, exact=True, first_decode=False)  # prefill
+    led.record_read("a", [2, 2], 2 * MS, exact=True, first_decode=True)
+    led.record_read("b", [2, 2], 2 * MS + MS // 10, exact=True, first_decode=True)
+    led.settle(3 * MS, _delta(2, accepted=2, drafts=2))
+    assert led.pending_chunks == 2 and led.pending_for("a") and led.pending_for("b")  # step 2 of each left
+
+
+def test_a_shared_request_under_partial_drafting_needs_the_drafting_model() -> None:
+    led = CounterLedger()
+    led.baseline(0)
+    for rid in ("a", "b", "c"):
+        led.begin(rid)
+    _stream(led, "a", [1] * 15, 1)
+    _stream(led, "b", [2, 1] * 7, 1)
+    led.settle(100 * MS, _delta(29, accepted=7, drafts=12))  # ngram: 12 drafts in 29 steps
+    _stream(led, "c", [1] * 25, 200)
+    led.settle(300 * MS, _delta(25, accepted=0, drafts=5))
+    assert led.partial_drafting
+    assert led.needs_draft_model("a") and led.needs_draft_model("b")  # shared an interval: drafts modelled
+    assert not led.needs_draft_model("c")  # alone: its drafts are the delta's
+    assert not led.needs_draft_model("nobody")

@@ -270,7 +270,10 @@ async def test_mixed_run_attribution_sums_to_the_counters_and_matches_separate_r
         # drafts -0.7 to -3.5 %; docs/real-engine.md), but close
         for key, bound in (("accepted", 0.08), ("drafts", 0.05), ("draft_tokens", 0.05)):
             assert attributed[key] == pytest.approx(totals[key], rel=bound, abs=merged), (who, key, attributed, totals)
-        # and per workload, the shares of overlapping requests stay close to the server's own figures
+        # and per workload, the shares of overlapping requests stay close to the server's own figures (records are
+        # held for a stable drafting model, here until the run ends: -3 to -5 points quiet, at most -8.3 beside two
+        # busy processes in six runs, ja_chat the mirror; shares from the model as it stood at each request's end
+        # swung -8.9 to +9.8 and failed CI at 10.3)
         server, shared = _acceptance(recs, "server"), _acceptance(recs, "counters")
         assert set(shared) == {"ja_chat", "code_agent"}
         for w in shared:

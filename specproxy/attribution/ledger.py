@@ -42,6 +42,7 @@ class _Request:
     ended: bool = False
     truncated: bool = False  # ended cut by max_tokens
     evidence: Evidence = field(default_factory=Evidence)  # how often it drafts, from its settled chunks
+    last_read_ns: int | None = None  # when its previous token-bearing read was taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,23 @@ class CounterAttribution:
 
 def _read_at(c: Chunk) -> int:
     return c.t_ns
+
+
+def read_times(prev_ns: int | None, t_ns: int, n: int) -> list[int]:
+    """The times of ``n`` steps that one read at ``t_ns`` brought, the previous read of the same stream having been
+    at ``prev_ns``: evenly spaced after it, the last at ``t_ns``.
+
+    The engine emits a step's chunk for every running request at once, step after step. A reader that falls behind
+    (a busy host) finds several steps of a stream in one read, taken at one time; stamped alike and sorted by time,
+    one stream's steps t and t+1 come before another's step t, and a cut at the engine's step count between t and
+    t+1 takes the wrong chunks: multi-token steps move between intervals, and with them the drafts that ngram
+    hides in one-token steps. Spread over the gap since the previous read, the steps sort as the engine emitted
+    them.
+    """
+    if n <= 1 or prev_ns is None or prev_ns >= t_ns:
+        return [t_ns] * n
+    gap = t_ns - prev_ns
+    return [prev_ns + gap * (i + 1) // n for i in range(n)]
 
 
 def counts_of(delta: SpecCounters) -> SpecCounts:
@@ -97,6 +115,18 @@ class CounterLedger:
                 r = self._req.get(chunks.popleft().request_id)
                 if r is not None:
                     r.incomplete = True
+
+    def record_read(self, rid: str, tokens: list[int], t_ns: int, *, exact: bool, first_decode: bool) -> None:
+        """One read of ``rid`` brought these token-bearing chunks (``first_decode``: the first of them is a decode
+        step, not the prefill). Several chunks in one read are steps the reader was late for: each is dated
+        between the request's previous read and this one (:func:`read_times`), so a late read of one stream no
+        longer sorts all its steps ahead of other streams' earlier steps at the next cut."""
+        r = self._req.get(rid)
+        prev = r.last_read_ns if r is not None else None
+        if r is not None:
+            r.last_read_ns = t_ns
+        for i, (n, at) in enumerate(zip(tokens, read_times(prev, t_ns, len(tokens)), strict=True)):
+            self.record_chunk(rid, n, at, exact=exact, decode=first_decode or i > 0)
 
     @property
     def pending_chunks(self) -> int:
@@ -213,6 +243,12 @@ class CounterLedger:
         """Whether this request's share of accepted tokens rests on the acceptance model (inexact counts, shared)."""
         r = self._req.get(rid)
         return r is not None and any(iv.needs_model for iv in r.intervals)
+
+    def needs_draft_model(self, rid: str) -> bool:
+        """Whether this request's drafts rest on the drafting model: the method drafts on some steps only and the
+        request shared an interval, so its share of the drafts hidden in one-token steps is modelled."""
+        r = self._req.get(rid)
+        return r is not None and r.overlapped and self.partial_drafting
 
     def in_flight(self) -> int:
         return sum(1 for r in self._req.values() if not r.ended)

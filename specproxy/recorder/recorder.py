@@ -85,7 +85,8 @@ class Recorder:
             on_error=self.metrics.scrape_errors.inc,
             on_settle=self._check_calibration,
         )
-        self._calibrated = asyncio.Event()
+        self._calibrated = asyncio.Event()  # the acceptance model is stable (ledger.model)
+        self._drafting_calibrated = asyncio.Event()  # the drafting model is stable (ledger.drafting)
         self._finalizers: set[asyncio.Task[None]] = set()
         self.in_flight = 0
         self.workload_spec: dict[str, SpecCounts] = {}
@@ -167,9 +168,18 @@ class Recorder:
                         break
                     if not fut.result() and (self.scraper.closed or self.scraper.state.failing >= give_up):
                         break  # /metrics is down; a single failure (a timeout on a busy host): wait for the next
-            if self.ledger.needs_model(rid) and not self._calibrated.is_set():
+            # a share that rests on a per-workload model waits (at most the hold) for that model to be stable
+            waits = [
+                event.wait()
+                for needed, event in (
+                    (self.ledger.needs_model(rid), self._calibrated),
+                    (self.ledger.needs_draft_model(rid), self._drafting_calibrated),
+                )
+                if needed and not event.is_set()
+            ]
+            if waits:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._calibrated.wait(), self.config.calibration_hold_s)
+                    await asyncio.wait_for(asyncio.gather(*waits), self.config.calibration_hold_s)
             counters = self.ledger.pop(rid)
             tl = trace.timeline.result(end_ns) if trace.timeline is not None else None
             tokenize_failed = False
@@ -413,12 +423,15 @@ class Recorder:
     def _check_calibration(self) -> None:
         if not self._calibrated.is_set() and self.ledger.model.stable():
             self._calibrated.set()
+        if not self._drafting_calibrated.is_set() and self.ledger.drafting.stable():
+            self._drafting_calibrated.set()
 
     async def close(self) -> None:
         """Finish every pending record, then flush the sink. A closing scrape gets :data:`CLOSE_SCRAPE_WAIT_S`: one
         that has not answered by then (a hanging ``/metrics``) is abandoned, and its records are written without
         it, so that shutdown stays within what ``docker stop`` or Kubernetes allow after the drain."""
-        self._calibrated.set()  # records held for the acceptance model take it as it stands
+        self._calibrated.set()  # records held for the per-workload models take them as they stand
+        self._drafting_calibrated.set()
         await self.engine.close()
         if self._finalizers:
             await asyncio.wait(list(self._finalizers), timeout=CLOSE_SCRAPE_WAIT_S)

@@ -117,13 +117,14 @@ class Trace:
         exact = tl.exact_counts
         if self._on_first_token is not None and self._token_chunks == 0:
             self.prefill_over()
-        for _, n in chunks[before:]:
-            if n <= 0:
-                continue
-            self._token_chunks += 1
-            if ledger is not None:
-                # the first token-bearing chunk is the prefill step: tokens, but no speculative step
-                ledger.record_chunk(self.meta.request_id, n, t_ns, exact=exact, decode=self._token_chunks > 1)
+        tokens = [n for _, n in chunks[before:] if n > 0]
+        if not tokens:
+            return
+        # the first token-bearing chunk is the prefill step: tokens, but no speculative step
+        first_decode = self._token_chunks > 0
+        self._token_chunks += len(tokens)
+        if ledger is not None:
+            ledger.record_read(self.meta.request_id, tokens, t_ns, exact=exact, first_decode=first_decode)
 
     def prefill_over(self) -> None:
         """The request's first token arrived (or it ended): tell whoever waits for that, once."""
