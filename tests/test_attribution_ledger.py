@@ -237,3 +237,14 @@ def test_a_shared_request_under_partial_drafting_needs_the_drafting_model() -> N
     assert led.needs_draft_model("a") and led.needs_draft_model("b")  # shared an interval: drafts modelled
     assert not led.needs_draft_model("c")  # alone: its drafts are the delta's
     assert not led.needs_draft_model("nobody")
+
+
+def test_an_engine_that_never_drafts_needs_no_drafting_model() -> None:
+    led = CounterLedger()
+    led.baseline(0)
+    for rid in ("a", "b"):
+        led.begin(rid)
+        _stream(led, rid, [1] * 15, 1)
+    led.settle(100 * MS, _delta(30, accepted=0, drafts=0))  # no speculation: no drafts at all
+    assert led.partial_drafting  # zero drafts per step reads as drafting on some steps...
+    assert not led.needs_draft_model("a")  # ...but there is nothing to model: its record is not held

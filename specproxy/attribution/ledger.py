@@ -245,10 +245,11 @@ class CounterLedger:
         return r is not None and any(iv.needs_model for iv in r.intervals)
 
     def needs_draft_model(self, rid: str) -> bool:
-        """Whether this request's drafts rest on the drafting model: the method drafts on some steps only and the
-        request shared an interval, so its share of the drafts hidden in one-token steps is modelled."""
+        """Whether this request's drafts rest on the drafting model: the engine drafts, on some steps only, and the
+        request shared an interval, so its share of the drafts hidden in one-token steps is modelled. (An engine
+        that never drafted reads as drafting on no step: nothing to model.)"""
         r = self._req.get(rid)
-        return r is not None and r.overlapped and self.partial_drafting
+        return r is not None and r.overlapped and self.total.drafts > 0 and self.partial_drafting
 
     def in_flight(self) -> int:
         return sum(1 for r in self._req.values() if not r.ended)
