@@ -18,17 +18,16 @@ go on either); :attr:`Client.conversations_cut` counts those.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 
 import aiohttp
 import orjson
 
-from specproxy.core.errors import one_line
 from specproxy.core.headers import WORKLOAD_HEADER
 from specproxy.loadgen.plan import PlannedRequest, next_turn
 from specproxy.loadgen.progress import Progress
+from specproxy.recorder.exchange import exchange
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.trace import RequestMeta, Trace
 
@@ -131,31 +130,9 @@ class Client:
     async def _exchange(
         self, path: str, body: Mapping[str, object], workload: str, trace: Trace
     ) -> tuple[str, str | None]:
-        url = self._target + path
-        data = orjson.dumps(body)
-        perf = time.perf_counter_ns
-        started = False
-        try:
-            async with self._session.post(url, data=data, headers=self._request_headers(workload)) as resp:
-                trace.response_started(resp.status, resp.headers.get("Content-Type"))
-                started = True
-                async for data in resp.content.iter_any():
-                    trace.feed(perf(), data)
-                if resp.status >= 400:
-                    return "upstream_error", f"HTTP {resp.status}"
-                return "ok", None
-        except TimeoutError:
-            return "timeout", "connect or idle-read timeout"
-        except aiohttp.ClientConnectorError as e:
-            return "upstream_error", f"cannot connect: {e.os_error.strerror or _one_line(e)}"
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if started:
-                return "upstream_reset", f"connection broke mid-response: {_one_line(e)}"
-            return "upstream_error", f"connection failed: {_one_line(e)}"
-        except aiohttp.ClientError as e:
-            return "upstream_error", _one_line(e)
-        except Exception as e:  # our own failure: still a record, never a crashed run
-            return "proxy_error", f"{type(e).__name__}: {_one_line(e)}"
+        return await exchange(
+            self._session, self._target + path, orjson.dumps(body), self._request_headers(workload), trace
+        )
 
     async def warm(self, entry: PlannedRequest) -> None:
         """Send one request, read it to the end, record nothing."""
@@ -171,10 +148,6 @@ class Client:
                     self.warmup_failed += 1
         except (aiohttp.ClientError, TimeoutError, OSError):
             self.warmup_failed += 1
-
-
-def _one_line(e: BaseException) -> str:
-    return one_line(e, 300) or type(e).__name__
 
 
 async def closed_loop(
