@@ -67,6 +67,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Record], Any]], ...] = (
     ("mean_acceptance_length", "float64", _spec("mean_acceptance_length")),
     ("spec_per_position", "string", lambda r: orjson.dumps(r["spec"]["per_position"]).decode() if r["spec"] else None),
     ("replay_of", "string", _field("replay_of")),
+    ("shadow_of", "string", _field("shadow_of")),  # record schema 7; null before
     ("conversation", "string", _field("conversation")),  # multi-turn runs (record schema 3); null before
     ("turn", "int64", _field("turn")),
     ("engine", "string", _field("engine")),  # record schema 4; null before

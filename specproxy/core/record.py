@@ -23,7 +23,7 @@ import orjson
 
 from specproxy.core.salvage import GLUED, glued_tail
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -108,6 +108,7 @@ class Record(TypedDict):
     request: Any  # the captured request body (JSON), or None
     response_text: str | None
     replay_of: str | None
+    shadow_of: str | None  # a shadow's live request (proxy --shadow): its request_id; null otherwise, and before v7
     conversation: str | None  # the conversation a multi-turn request belongs to (load generator), else None
     turn: int | None  # its turn in that conversation, from 1
     engine: str | None  # vllm, sglang, ollama, llamacpp (--engine, or what auto-detection found); None: unknown
@@ -159,6 +160,8 @@ _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     # 6: the client's traceparent, and reads of a buffer's size (a buffering hop between engine and recorder);
     # version 5 read neither
     5: _adding("trace_parent", "buffer_sized_reads"),
+    # 7: a shadow's live request (proxy --shadow); version 6 sent no shadows
+    6: _adding("shadow_of"),
 }
 
 
@@ -403,6 +406,7 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         request=obj.get("request"),
         response_text=_str(obj.get("response_text")),
         replay_of=_str(obj.get("replay_of")),
+        shadow_of=_str(obj.get("shadow_of")),
         conversation=_str(obj.get("conversation")),
         turn=_int(obj.get("turn")),
         engine=_str(obj.get("engine")),

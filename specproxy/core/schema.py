@@ -26,7 +26,8 @@ FIELDS: tuple[Field, ...] = (
         ("schema_version",),
         "int",
         (
-            "6 (version 5 had no `trace_parent` nor `buffer_sized_reads`, version 4 no `chunk_token_source`, "
+            "7 (version 6 had no `shadow_of`, version 5 no `trace_parent` nor `buffer_sized_reads`, version 4 no "
+            "`chunk_token_source`, "
             "version 3 no `engine` / `engine_timings`, version 2 no `conversation` and `turn`, version 1 no "
             "`cached_tokens`; readers upgrade them with nulls)"
         ),
@@ -305,6 +306,16 @@ FIELDS: tuple[Field, ...] = (
         "str or null",
         "for `specproxy replay`: the `request_id` this request re-sent",
         ("replay_of",),
+    ),
+    Field(
+        ("shadow_of",),
+        "str or null",
+        (
+            "for a shadow (`specproxy proxy --shadow LABEL=URL`): the `request_id` of the live request it copied to "
+            "the candidate server named by `label`; the pair is compared in the proxy's status and by `compare` "
+            "([docs/shadow.md](shadow.md)). Null otherwise, and in records older than version 7"
+        ),
+        ("shadow_of",),
     ),
     Field(
         ("conversation",),

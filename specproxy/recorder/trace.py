@@ -28,6 +28,7 @@ class RequestMeta:
     body_bytes: int | None = None  # set for a body over capture_max_bytes, which was neither parsed nor kept
     stream_requested: bool = False
     replay_of: str | None = None
+    shadow_of: str | None = None  # a shadow's live request (proxy --shadow)
     repeat: int | None = None
     conversation: str | None = None  # a multi-turn request's conversation (load generator)
     turn: int | None = None  # its turn, from 1
