@@ -14,7 +14,7 @@ import pytest
 from specproxy.sim.config import DEFAULT_PROFILES, Profile, SimConfig, load_profiles
 from specproxy.sim.corpus import CODE_LINES, EN_SENTENCES, EOS_TOKEN_ID, TokenStream, classify
 from specproxy.sim.engine import EngineCore, SimRequest, new_request, step_time_s
-from specproxy.sim.faults import parse_faults
+from specproxy.sim.faults import GARBLED, garbled, parse_faults
 from specproxy.sim.records import StepReport
 
 LONG = {name: replace(p, min_output_tokens=1500, max_output_tokens=1500) for name, p in DEFAULT_PROFILES.items()}
@@ -249,6 +249,20 @@ def test_config_validation_and_profiles_file(tmp_path: Path) -> None:
     assert parse_faults("status=503, stall=0.5,reset_after=3").reset_after == 3
     with pytest.raises(ValueError):
         parse_faults("explode=1")
+    assert parse_faults("garble=0.25").garble == 0.25
+    for bad in ("garble=1.5", "garble=-0.1", "garble=x"):
+        with pytest.raises(ValueError, match="garble=P"):
+            parse_faults(bad)
+
+
+def test_a_broken_drafter_garbles_accepted_drafts_only_and_alike_every_time() -> None:
+    texts = ("a", "b", "c", "bonus")
+    assert garbled(texts, 0, 1.0, "r/1") == texts  # nothing accepted: nothing of the drafter's sent
+    assert garbled(texts, 3, 0.0, "r/1") == texts  # a healthy drafter
+    assert garbled(texts, 3, 1.0, "r/1") == (GARBLED, GARBLED, GARBLED, "bonus")  # the bonus token is the model's
+    some = [garbled(texts, 3, 0.5, f"r/{i}") for i in range(50)]
+    assert some == [garbled(texts, 3, 0.5, f"r/{i}") for i in range(50)]  # the same seed, the same garbling
+    assert 0 < sum(t.count(GARBLED) for t in some) < 150
 
 
 def _pinned_run(cfg: SimConfig) -> tuple[list[tuple[object, ...]], str]:

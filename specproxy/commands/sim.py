@@ -34,7 +34,9 @@ def register(app: typer.Typer) -> None:
         metrics_render_ms: float = typer.Option(
             0.0, "--metrics-render-ms", help="Each /metrics holds the server's loop this long, as vLLM's render does."
         ),
-        faults: str = typer.Option("", "--faults", help="Faults for every request, e.g. 'status=503,stall=2'."),
+        faults: str = typer.Option(
+            "", "--faults", help="Faults for every request, e.g. 'status=503,stall=2'; 'garble=0.3': a broken drafter."
+        ),
         speed: float = typer.Option(1.0, "--speed", help="Time compression: 10 runs ten times faster."),
         compute_s_per_token: float = typer.Option(
             0.0,

@@ -28,7 +28,7 @@ from specproxy.serving import base_url, start_app
 from specproxy.sim.config import METRICS_FAULTS, SimConfig
 from specproxy.sim.dialect_routes import add_dialect_routes, openai_deltas, render_as
 from specproxy.sim.engine import SimRequest
-from specproxy.sim.faults import Faults, parse_faults
+from specproxy.sim.faults import Faults, garbled, parse_faults
 from specproxy.sim.metrics import CONTENT_TYPE
 from specproxy.sim.runtime import OutputQueue, SimRuntime
 from specproxy.sim.wire import (
@@ -158,7 +158,7 @@ async def _whole(
         out = await queue.get()
         if out is None:
             return _error(503, "The server is shutting down.")
-        texts.extend(out.texts)
+        texts.extend(garbled(out.texts, out.accepted_counted, faults.garble, f"{req.id}/{out.completion_tokens}"))
         ids.extend(out.token_ids)
         if out.finish_reason is not None:
             break
@@ -219,8 +219,9 @@ async def _stream(
                     continue
             if out is None:
                 raise _StreamStopped  # server shutting down
-            texts.extend(out.texts)
-            whole.extend(out.texts)
+            sent = garbled(out.texts, out.accepted_counted, faults.garble, f"{req.id}/{out.completion_tokens}")
+            texts.extend(sent)
+            whole.extend(sent)
             ids.extend(out.token_ids)
             since_sent += 1
             # vLLM's stream_interval: the first output and the last always go out at once.
