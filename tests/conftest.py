@@ -27,6 +27,7 @@ UNIT_MODULES = frozenset(
     {
         "test_analysis_advise",
         "test_buffering",
+        "test_shadow_pairs",
         "test_analysis_compare",
         "test_analysis_confidence",
         "test_analysis_export",
