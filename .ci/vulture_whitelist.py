@@ -60,3 +60,6 @@ _.late_dropped
 _.on_body
 _.on_message_begin
 _.on_message_complete
+
+# Read by name through getattr (shadow/verdicts.py _pooled: the live side's pooled acceptance of shadow pairs).
+_.live_draft_tokens

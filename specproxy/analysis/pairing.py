@@ -7,8 +7,10 @@ Two ways, tried in this order:
   the same order, ``run`` with the same workload files and seed sends the same ones, and a replay re-sends its
   recording's bodies: all of them pair this way, from the body every record captures by default
   (``--capture request``). Repeats of one body are one request: its figure is their median.
-- **a replay**: ``replay_of`` names the recorded request a replay re-sent (the recording itself pairs by its own
-  ``request_id``). For runs recorded with ``--capture none``, which keep no bodies.
+- **a replay or a shadow**: ``replay_of`` names the recorded request a replay re-sent, ``shadow_of`` the live
+  request a proxy's shadow copied (``--shadow``: its body was set to stream, so it is not the same body); the
+  recording itself pairs by its own ``request_id``. Also for runs recorded with ``--capture none``, which keep no
+  bodies.
 
 Pure.
 """
@@ -23,7 +25,7 @@ import orjson
 from specproxy.core.record import Record
 
 BY_BODY = "same request"
-BY_REPLAY = "replay_of"
+BY_REPLAY = "replay_of"  # or shadow_of
 
 
 def body_key(rec: Record) -> str | None:
@@ -41,5 +43,4 @@ def body_key(rec: Record) -> str | None:
 
 
 def replay_key(rec: Record) -> str:
-    replay_of = rec["replay_of"]
-    return replay_of if replay_of is not None else rec["request_id"]
+    return rec["replay_of"] or rec["shadow_of"] or rec["request_id"]

@@ -31,6 +31,7 @@ from specproxy.proxy.config import (
     read_credentials_file,
     read_secret_file,
 )
+from specproxy.proxy.shadow import ShadowConfig, parse_target
 from specproxy.proxy.workers import Ended, default_workers
 from specproxy.recorder.config import OtlpConfig
 from specproxy.recorder.otlp import PROTOCOLS, OtlpConfigError, parse_headers, parse_resource, traces_url
@@ -288,12 +289,31 @@ def register(app: typer.Typer) -> None:
             "--otlp-headers-file",
             help="A file (mode 0600) of KEY=VALUE lines sent with every export, e.g. an API key.",
         ),
+        shadow: list[str] | None = typer.Option(
+            None,
+            "--shadow",
+            help="LABEL=URL: a candidate server (same model, another speculative configuration) that also gets a "
+            "share of live requests; compared per workload in /specproxy/status (repeatable; docs/shadow.md).",
+        ),
+        shadow_share: float = typer.Option(0.05, "--shadow-share", help="Share of live requests shadowed (0-1)."),
+        shadow_max_inflight: int = typer.Option(
+            4, "--shadow-max-inflight", help="Shadows in flight per candidate at most; past it, none is sent."
+        ),
+        shadow_seed: int = typer.Option(0, "--shadow-seed", help="Seed of the draw of shadowed requests."),
+        shadow_timeout: float = typer.Option(
+            300.0, "--shadow-timeout", help="Seconds without a byte from a candidate before a shadow is given up."
+        ),
+        shadow_workload: list[str] | None = typer.Option(
+            None, "--shadow-workload", help="Shadow only this workload's requests (repeatable; default: all)."
+        ),
     ) -> None:
         """Transparent recording proxy in front of vLLM (or any OpenAI-compatible engine)."""
         up = check_url(upstream, "--upstream")
         authorization = upstream_credentials(up, credentials_file)
         otlp = otlp_config(otlp_endpoint, otlp_protocol, otlp_header or [], otlp_headers_file, up)
         check_engine(engine)
+        shadow_cfg = shadow_config(shadow or [], shadow_share, shadow_max_inflight, shadow_seed, shadow_timeout,
+                                   shadow_workload or [])  # fmt: skip
         host, port = parse_listen(listen)
         if capture not in CAPTURES:
             raise typer.BadParameter(f"--capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
@@ -383,12 +403,37 @@ def register(app: typer.Typer) -> None:
             workers=default_workers() if workers < 0 else workers,
             upstream_authorization=authorization,
             otlp=otlp,
+            shadow=shadow_cfg,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if cfg.workers == 0:
             run_async(_main(cfg))
         else:
             _run_workers(cfg)
+
+
+def shadow_config(
+    specs: list[str], share: float, max_inflight: int, seed: int, timeout: float, workloads: list[str]
+) -> ShadowConfig | None:
+    """The ``--shadow*`` options checked; None without ``--shadow``."""
+    if not specs:
+        if workloads:
+            raise typer.BadParameter("--shadow-workload needs --shadow")
+        return None
+    try:
+        targets = tuple(parse_target(s) for s in specs)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    labels = [t.label for t in targets]
+    if len(set(labels)) != len(labels):
+        raise typer.BadParameter(f"--shadow labels must differ, got {', '.join(labels)}")
+    if not 0.0 < share <= 1.0:
+        raise typer.BadParameter(f"--shadow-share must be in (0, 1], got {share}")
+    if max_inflight < 1:
+        raise typer.BadParameter(f"--shadow-max-inflight must be at least 1, got {max_inflight}")
+    if timeout <= 0:
+        raise typer.BadParameter(f"--shadow-timeout must be positive, got {timeout}")
+    return ShadowConfig(targets, share, max_inflight, seed, timeout, workloads=frozenset(workloads))
 
 
 async def _main(cfg: ProxyConfig) -> None:

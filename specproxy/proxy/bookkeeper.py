@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from specproxy.analysis.buffering import BufferingTracker
+from specproxy.core.inference import is_inference
 from specproxy.core.otlp_proto import parse_traceparent
 from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
@@ -51,6 +52,7 @@ from specproxy.proxy.events import (
     split_begin,
 )
 from specproxy.proxy.link import TRACE_HEADER
+from specproxy.proxy.shadow import ShadowCollector, Shadower
 from specproxy.recorder.otlp import OtlpCollector, SpanExporter
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.slo_status import SloTracker
@@ -135,6 +137,7 @@ class Connection:
 
 class Bookkeeper:
     otlp: SpanExporter | None = None  # --otlp-endpoint: each record's span
+    shadower: Shadower | None = None  # --shadow: a share of live requests also sent to candidates, compared
 
     @classmethod
     def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
@@ -144,10 +147,20 @@ class Bookkeeper:
         slo = SloTracker(cfg.slo) if cfg.slo is not None else None
         otlp = SpanExporter(cfg.otlp) if cfg.otlp is not None else None
         hop = BufferingTracker()
-        observers = (*([slo.observe] if slo else []), *([otlp.observe] if otlp else []), hop.observe)
+        shadower = Shadower(cfg.shadow, cfg.recorder) if cfg.shadow is not None else None
+        observers = (
+            *([slo.observe] if slo else []),
+            *([otlp.observe] if otlp else []),
+            hop.observe,
+            *([shadower.live_record] if shadower else []),
+        )
         rcfg = replace(cfg.recorder, observers=(*cfg.recorder.observers, *observers))
         keeper = cls(cfg, Recorder(rcfg, session), slo)
         keeper.hop = hop
+        if shadower is not None:
+            keeper.shadower = shadower
+            keeper.recorder.on_text = shadower.live_text
+            keeper.recorder.metrics.registry.register(ShadowCollector(shadower))
         if otlp is not None:
             keeper.otlp = otlp
             keeper.recorder.metrics.registry.register(OtlpCollector(otlp))
@@ -231,6 +244,8 @@ class Bookkeeper:
 
     async def start(self) -> None:
         await self.recorder.start()
+        if self.shadower is not None:  # its candidates' records go to the recorder's file
+            await self.shadower.start(self.recorder.sink)
         self._health = asyncio.get_running_loop().create_task(self._watch_health())
 
     async def caught_up(self, t_ns: int) -> bool:
@@ -315,7 +330,10 @@ class Bookkeeper:
             start_ns=start_ns,
             trace_parent=tp if parse_traceparent(tp := doc["h"].get(TRACE_HEADER)) is not None else None,
         )
-        trace = self.recorder.begin(meta)
+        keep_text = False
+        if self.shadower is not None and is_inference(meta.method, meta.path):
+            keep_text = self.shadower.offer(meta)  # a greedy pair's live text is compared with its shadow's
+        trace = self.recorder.begin(meta, keep_text=keep_text)
         if doc.get("shed"):
             trace.flags.append(SHED_FLAG)
         return trace
@@ -366,6 +384,8 @@ class Bookkeeper:
             st["otlp"] = self.otlp.status()
         if self.hop is not None:
             st["path"] = {"buffering": self.hop.status()}
+        if self.shadower is not None:
+            st["shadow"] = self.shadower.status()
         return st
 
     def _push_health(self) -> None:
@@ -388,6 +408,8 @@ class Bookkeeper:
             self._health.cancel()
         for conn in self.connections:
             conn.lost("the proxy stopped")
+        if self.shadower is not None:  # shadows in flight are cut; their records go in before the sink closes
+            await self.shadower.close()
         await self.recorder.close()
         if self.otlp is not None:  # after the last record: its span goes too
             await self.otlp.close()

@@ -7,11 +7,15 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specproxy.analysis.slo import SloSpec
 from specproxy.core.workload_rules import Rule
 from specproxy.recorder.config import OtlpConfig
 from specproxy.recorder.recorder import RecorderConfig
+
+if TYPE_CHECKING:
+    from specproxy.proxy.shadow import ShadowConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,7 @@ class ProxyConfig:
     # requests go unrecorded, counted as lost). --bookkeeping-buffer.
     bookkeeping_buffer_bytes: int = 8 * 1024 * 1024
     otlp: OtlpConfig | None = None  # --otlp-endpoint: a span per inference request, from the bookkeeper
+    shadow: ShadowConfig | None = None  # --shadow: a share of live requests also sent to candidates (proxy/shadow.py)
     workers: int = 0  # relay processes (0: one process, the bookkeeper on the relay's loop)
     # The Authorization field for the upstream, for requests that bring none (SPECPROXY_UPSTREAM_CREDENTIALS or
     # --upstream-credentials-file; None: the user:password of the upstream's URL, if any). Never shown: not in repr.

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,15 @@ CLOSE_SCRAPE_WAIT_S = 1.0  # at shutdown, how long pending records wait for thei
 
 class Recorder:
     def __init__(
-        self, config: RecorderConfig, session: aiohttp.ClientSession, *, tokenizer: Tokenizer | None = None
+        self,
+        config: RecorderConfig,
+        session: aiohttp.ClientSession,
+        *,
+        tokenizer: Tokenizer | None = None,
+        sink: RecordSink | None = None,
     ) -> None:
+        """``sink``: another recorder's, shared (a shadow candidate's records go to the proxy's file); that recorder
+        starts and closes it."""
         self.config = config
         self.server_tokenizer = (
             ServerTokenizer(session, config.tokenize_url)
@@ -64,7 +71,8 @@ class Recorder:
         self.metrics = OwnMetrics()
         self.ledger = CounterLedger()
         self.run_id = config.run_id or uuid.uuid4().hex[:12]
-        self.sink = RecordSink(
+        self._owns_sink = sink is None
+        self.sink = sink or RecordSink(
             Path(config.record_path) if config.record_path else None,
             rotate_bytes=config.rotate_bytes,
             keep=config.rotate_keep,
@@ -93,9 +101,13 @@ class Recorder:
         self.workload_requests: dict[str, dict[str, int]] = {}
         self.refused_requests: dict[int, int] = {}
         self.passthrough: dict[str, dict[str, int]] = {}  # requests that are not inference: kind -> outcome -> n
+        # told each record's request id and response text, where the trace kept it, before the observers see the
+        # record (a shadow's lossless check compares texts that --capture may keep off the record)
+        self.on_text: Callable[[str, str], None] | None = None
 
     async def start(self) -> None:
-        await self.sink.start()
+        if self._owns_sink:
+            await self.sink.start()
         await self.scraper.start()
         self.engine.start()
 
@@ -195,6 +207,10 @@ class Recorder:
             rec = self._minimal_record(trace, "proxy_error" if outcome == "ok" else outcome, f"{error or ''} {e}")
         self.sink.put(rec)
         try:
+            if self.on_text is not None and trace.timeline is not None:
+                text = trace.timeline.reply_text()  # None unless kept whole
+                if text is not None:
+                    self.on_text(rid, text)
             for observe in (self._observe, *self.config.observers):
                 observe(rec)
         except Exception:
@@ -329,6 +345,7 @@ class Recorder:
             "request": captured,
             "response_text": None,
             "replay_of": meta.replay_of,
+            "shadow_of": meta.shadow_of,
             "conversation": meta.conversation,
             "turn": meta.turn,
             "engine": self.engine.of(None, self.scraper.state.engine),
@@ -438,7 +455,8 @@ class Recorder:
         await self.scraper.close()  # waiting finalizers get "no scrape" and write what is known
         if self._finalizers:
             await asyncio.gather(*list(self._finalizers), return_exceptions=True)
-        await self.sink.close()
+        if self._owns_sink:
+            await self.sink.close()
 
 
 def _zero_acceptance(c: SpecCounts) -> bool:
