@@ -208,8 +208,9 @@ def _sample_names(text: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
-    """Sample names of a proxy and a simulator started with the compose file's own arguments, after the compose
-    file's load generator has sent traffic through the proxy (shortened) and one body was refused (413)."""
+    """Sample names of a proxy and a simulator started with the compose file's own arguments (and the proxy shadowing
+    to the simulator itself), after the compose file's load generator has sent traffic through the proxy
+    (shortened) and one body was refused (413)."""
     tmp = tmp_path_factory.mktemp("stack")
     services = load_compose({"SIM_SPEED": "50", "LOAD_RATE": "8", "LOAD_DURATION": "1.5"})["services"]
     sim_args = listen_any(services["sim"]["command"])
@@ -218,6 +219,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
         proxy_args = replace_option(proxy_args, "--upstream", sim_url)
         proxy_args = replace_option(proxy_args, "--record", str(tmp / "records.jsonl"))
         proxy_args += ["--max-body", "64KB"]
+        # the shadow panels' metrics exist with --shadow only (an opt-in): the simulator is its own candidate here
+        proxy_args += ["--shadow", f"self={sim_url}", "--shadow-share", "1", "--shadow-max-inflight", "64"]
         with specproxy_process(proxy_args, "specproxy proxy:") as (proxy_url, _):
             run_args = replace_option(services["loadgen"]["command"], "--target", proxy_url)
             run_args = replace_option(run_args, "--out", str(tmp / "loadgen.jsonl"))

@@ -160,7 +160,7 @@ class Bookkeeper:
         if shadower is not None:
             keeper.shadower = shadower
             keeper.recorder.on_text = shadower.live_text
-            keeper.recorder.metrics.registry.register(ShadowCollector(shadower))
+        keeper.recorder.metrics.registry.register(ShadowCollector(shadower))  # without --shadow: empty families
         if otlp is not None:
             keeper.otlp = otlp
             keeper.recorder.metrics.registry.register(OtlpCollector(otlp))

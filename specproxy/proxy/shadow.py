@@ -318,9 +318,10 @@ class Shadower:
 
 class ShadowCollector(Collector):
     """``specproxy_shadow_*``: what was sent, skipped and how it ended per candidate; per candidate and workload the
-    paired speedup with its interval, the pairs and the greedy pairs' lossless count."""
+    paired speedup with its interval, the pairs and the greedy pairs' lossless count. Without ``--shadow`` the
+    families are there, empty (a dashboard's panels then say "no data", not "no such metric")."""
 
-    def __init__(self, shadower: Shadower) -> None:
+    def __init__(self, shadower: Shadower | None) -> None:
         self._s = shadower
 
     def collect(self) -> Iterator[Metric]:
@@ -340,6 +341,10 @@ class ShadowCollector(Collector):
                                    labels=["candidate", "workload", "text"])  # fmt: skip
         acceptance = GaugeMetricFamily("specproxy_shadow_acceptance", "The candidate's pooled acceptance rate.",
                                        labels=["candidate", "workload"])  # fmt: skip
+        paused = GaugeMetricFamily("specproxy_shadow_guard_paused", "1 while the guard holds shadowing off.")
+        if s is None:
+            yield from (sent, skipped, inflight, speedup, pairs, greedy, acceptance, paused)
+            return
         for label, c in s.candidates.items():
             inflight.add_metric([label], c.in_flight)
             for outcome, n in c.outcomes.items():
@@ -359,6 +364,5 @@ class ShadowCollector(Collector):
                     greedy.add_metric([label, w, text], ll[text])
                 if summ["acceptance"]["value"] is not None:
                     acceptance.add_metric([label, w], summ["acceptance"]["value"])
-        paused = GaugeMetricFamily("specproxy_shadow_guard_paused", "1 while the guard holds shadowing off.")
         paused.add_metric([], 1.0 if time.monotonic() < s.guard_paused_until else 0.0)
         yield from (sent, skipped, inflight, speedup, pairs, greedy, acceptance, paused)
