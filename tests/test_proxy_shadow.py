@@ -173,7 +173,9 @@ async def test_a_failing_or_hanging_candidate_changes_nothing_for_clients(tmp_pa
         (["--shadow", "a=http://127.0.0.1:9", "--shadow", "a=http://127.0.0.1:10"], "labels must differ"),
         (["--shadow", "a=http://127.0.0.1:9", "--shadow-share", "0"], "--shadow-share"),
         (["--shadow", "a=http://127.0.0.1:9", "--shadow-max-inflight", "0"], "--shadow-max-inflight"),
-        (["--shadow-workload", "code"], "needs --shadow"),
+        (["--shadow-workload", "code"], "need --shadow"),
+        (["--shadow", "a=http://127.0.0.1:9", "--shadow-credentials-file", "b=/x"], "with a --shadow label"),
+        (["--shadow", "a=http://127.0.0.1:9", "--shadow-credentials-file", "a=/nonexistent"], "/nonexistent"),
     ],
 )
 def test_bad_shadow_options_get_one_line_and_exit_2(args: list[str], says: str) -> None:
@@ -183,3 +185,56 @@ def test_bad_shadow_options_get_one_line_and_exit_2(args: list[str], says: str) 
     )  # fmt: skip
     assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert "pw" not in p.stderr
+
+
+async def test_a_candidates_credentials_come_from_a_file_and_are_never_shown(tmp_path: Path) -> None:
+    """``--shadow-credentials-file LABEL=PATH``: that candidate's shadows carry the Authorization, which is in no
+    record, no status, no log line, no argument; the live server never gets it, and no client header goes on."""
+    from aiohttp import web
+
+    secret = "s3cr3t-t0ken-for-the-candidate"
+    cred = tmp_path / "cand.credentials"
+    cred.write_text(secret + "\n")
+    cred.chmod(0o600)
+    seen: list[dict[str, str]] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen.append(dict(request.headers))
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for n, text in enumerate(["Hel", "lo"], 1):
+            event = {"id": "c1", "object": "chat.completion.chunk", "model": "sim-model",
+                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+                     "usage": {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}}  # fmt: skip
+            await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    cand_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with running_sim(SIM, spec_method="none") as base, proxy_process(
+            base.url, tmp_path / "r.jsonl", "--shadow", f"cand={cand_url}", "--shadow-share", "1",
+            "--shadow-credentials-file", f"cand={cred}",
+        ) as (url, proc):  # fmt: skip
+            async with aiohttp.ClientSession() as s:
+                body = chat_body(CODE_PROMPT, temperature=0, max_tokens=16)
+                headers = {"Authorization": "Bearer the-clients-own", "Cookie": "session=abc"}
+                async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+                    assert r.status == 200
+                    await r.read()
+            st = await _until(url, lambda s: s["shadow"]["candidates"]["cand"]["outcomes"].get("ok") == 1, "sent")
+            argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes()  # type: ignore[attr-defined]  # noqa: ASYNC240
+    finally:
+        await runner.cleanup()
+    assert [h.get("Authorization") for h in seen] == [f"Bearer {secret}"]
+    assert "Cookie" not in seen[0] and "the-clients-own" not in json.dumps(seen)  # no client header goes on
+    assert seen[0]["X-Specproxy-Shadow-Of"]  # names the live request
+    assert secret.encode() not in (tmp_path / "r.jsonl").read_bytes() and secret not in json.dumps(st)
+    assert secret.encode() not in argv

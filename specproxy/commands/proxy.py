@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -306,6 +307,12 @@ def register(app: typer.Typer) -> None:
         shadow_workload: list[str] | None = typer.Option(
             None, "--shadow-workload", help="Shadow only this workload's requests (repeatable; default: all)."
         ),
+        shadow_credentials: list[str] | None = typer.Option(
+            None,
+            "--shadow-credentials-file",
+            help="LABEL=PATH: the Authorization a candidate's shadows carry, from a file as "
+            "--upstream-credentials-file reads it (repeatable).",
+        ),
     ) -> None:
         """Transparent recording proxy in front of vLLM (or any OpenAI-compatible engine)."""
         up = check_url(upstream, "--upstream")
@@ -313,7 +320,7 @@ def register(app: typer.Typer) -> None:
         otlp = otlp_config(otlp_endpoint, otlp_protocol, otlp_header or [], otlp_headers_file, up)
         check_engine(engine)
         shadow_cfg = shadow_config(shadow or [], shadow_share, shadow_max_inflight, shadow_seed, shadow_timeout,
-                                   shadow_workload or [])  # fmt: skip
+                                   shadow_workload or [], shadow_credentials or [])  # fmt: skip
         host, port = parse_listen(listen)
         if capture not in CAPTURES:
             raise typer.BadParameter(f"--capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
@@ -413,12 +420,18 @@ def register(app: typer.Typer) -> None:
 
 
 def shadow_config(
-    specs: list[str], share: float, max_inflight: int, seed: int, timeout: float, workloads: list[str]
+    specs: list[str],
+    share: float,
+    max_inflight: int,
+    seed: int,
+    timeout: float,
+    workloads: list[str],
+    credentials: list[str],
 ) -> ShadowConfig | None:
     """The ``--shadow*`` options checked; None without ``--shadow``."""
     if not specs:
-        if workloads:
-            raise typer.BadParameter("--shadow-workload needs --shadow")
+        if workloads or credentials:
+            raise typer.BadParameter("--shadow-workload and --shadow-credentials-file need --shadow")
         return None
     try:
         targets = tuple(parse_target(s) for s in specs)
@@ -427,6 +440,15 @@ def shadow_config(
     labels = [t.label for t in targets]
     if len(set(labels)) != len(labels):
         raise typer.BadParameter(f"--shadow labels must differ, got {', '.join(labels)}")
+    for spec in credentials:
+        label, sep, path = spec.partition("=")
+        if not sep or label not in labels:
+            raise typer.BadParameter(f"--shadow-credentials-file wants LABEL=PATH with a --shadow label, got {spec!r}")
+        try:
+            auth = read_credentials_file(path)
+        except CredentialsError as e:
+            fail(str(e))
+        targets = tuple(replace(t, authorization=auth) if t.label == label else t for t in targets)
     if not 0.0 < share <= 1.0:
         raise typer.BadParameter(f"--shadow-share must be in (0, 1], got {share}")
     if max_inflight < 1:

@@ -15,8 +15,8 @@ candidate's label and ``shadow_of``), then dropped. What is bounded:
 
 A shadow's body is the live request's (what the bookkeeper parsed: a body over ``--capture-max-bytes`` is not
 shadowed, ``body_too_large``), set to stream with continuous usage so its token counts and timings are exact. No
-header of the client's is sent on: credentials never leave the live path (a candidate that needs them is not
-supported yet).
+header of the client's is sent on: its credentials never leave the live path. A candidate that needs credentials
+gets its own, from a file (``--shadow-credentials-file LABEL=PATH``, read as the upstream's are), never from argv.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -62,6 +62,8 @@ _BESIDE_MAX = 100_000  # live requests in flight whose "beside a shadow" is reme
 class ShadowTarget:
     label: str
     url: str  # base URL, no trailing slash
+    # the Authorization field the candidate's shadows carry (--shadow-credentials-file LABEL=PATH); never shown
+    authorization: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +258,7 @@ class Shadower:
                 self._session,
                 c.target.url + live.path,
                 orjson.dumps(shadow_body),
-                {"Content-Type": "application/json", SHADOW_HEADER: live.request_id},
+                self._headers(c, live.request_id),
                 trace,
             )
         finally:
@@ -274,6 +276,13 @@ class Shadower:
             c.recorder.finish(trace, outcome, error)
             if outcome != "ok":  # no text will come for it
                 self._live_of.pop(meta.request_id, None)
+
+    @staticmethod
+    def _headers(c: Candidate, live_id: str) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", SHADOW_HEADER: live_id}
+        if c.target.authorization is not None:
+            headers["Authorization"] = c.target.authorization
+        return headers
 
     async def close(self) -> None:
         """Stop: shadows in flight are cut (recorded ``client_cancelled``), then each candidate's records written."""
