@@ -238,3 +238,18 @@ async def test_a_candidates_credentials_come_from_a_file_and_are_never_shown(tmp
     assert seen[0]["X-Specproxy-Shadow-Of"]  # names the live request
     assert secret.encode() not in (tmp_path / "r.jsonl").read_bytes() and secret not in json.dumps(st)
     assert secret.encode() not in argv
+
+
+def test_the_shadow_cost_bench_prints_both_sides_side_by_side() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "specproxy.bench.shadow", "--share", "1", "--concurrency", "2", "--requests", "3",
+         "--rounds", "2", "--max-tokens", "8", "--speed", "20", "--format", "json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    (row,) = json.loads(p.stdout)["rows"]
+    assert row["shadowing_on"]["requests"] == row["shadowing_off"]["requests"] == 6
+    assert row["shadows_sent"] == 6 and row["ttft_added_p50_ms"] is not None  # share 1: every live request
+    bad = subprocess.run([sys.executable, "-m", "specproxy.bench.shadow", "--share", "0"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--share" in bad.stderr and "Traceback" not in bad.stderr

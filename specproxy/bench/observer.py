@@ -77,7 +77,7 @@ async def _one(s: aiohttp.ClientSession, url: str, body: dict[str, Any], side: S
         side.failed += 1
 
 
-async def _wave(
+async def wave(
     url: str, model: str, concurrency: int, requests: int, max_tokens: int, start: int, side: Side, usage: bool
 ) -> None:
     """``requests`` requests in a closed loop of ``concurrency``; request i sends prompt ``start + i``."""
@@ -108,7 +108,7 @@ async def _scrapes(url: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _proxy(upstream: str, record: Path, *extra: str) -> AsyncIterator[Child]:
+async def proxy_child(upstream: str, record: Path, *extra: str) -> AsyncIterator[Child]:
     args = ("-m", "specproxy", "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0", "--workers", "1")
     async with python_child(*args, "--record", str(record), *extra) as child:
         yield child
@@ -118,7 +118,7 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 2)
 
 
-def _summary(side: Side) -> dict[str, Any]:
+def summary(side: Side) -> dict[str, Any]:
     return {
         "requests": len(side.ttft),
         "failed": side.failed,
@@ -136,11 +136,11 @@ async def measure(
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="specproxy-observer-") as tmp:
         async with (
-            _proxy(upstream, Path(tmp) / "on.jsonl") as on,
-            _proxy(upstream, Path(tmp) / "off.jsonl", "--metrics-url", "none") as off,
+            proxy_child(upstream, Path(tmp) / "on.jsonl") as on,
+            proxy_child(upstream, Path(tmp) / "off.jsonl", "--metrics-url", "none") as off,
         ):
-            await _wave(on.url, model, 1, 2, max_tokens, 0, Side(), usage)  # warm both paths and the engine
-            await _wave(off.url, model, 1, 2, max_tokens, 0, Side(), usage)
+            await wave(on.url, model, 1, 2, max_tokens, 0, Side(), usage)  # warm both paths and the engine
+            await wave(off.url, model, 1, 2, max_tokens, 0, Side(), usage)
             for c in levels:
                 sides = {"on": Side(), "off": Side()}
                 for r in range(rounds):
@@ -148,10 +148,10 @@ async def measure(
                     for name in order:
                         url = on.url if name == "on" else off.url
                         before = await _scrapes(on.url) if name == "on" else 0
-                        await _wave(url, model, c, requests, max_tokens, r * requests, sides[name], usage)
+                        await wave(url, model, c, requests, max_tokens, r * requests, sides[name], usage)
                         if name == "on":
                             sides["on"].scrapes += await _scrapes(on.url) - before
-                son, soff = _summary(sides["on"]), _summary(sides["off"])
+                son, soff = summary(sides["on"]), summary(sides["off"])
                 added = None
                 if son["ttft_p50_ms"] is not None and soff["ttft_p50_ms"] is not None:
                     added = round(son["ttft_p50_ms"] - soff["ttft_p50_ms"], 2)
@@ -173,8 +173,8 @@ def render(rows: Sequence[dict[str, Any]], engine: str) -> str:
             fails = f" ({s['failed']} failed)" if s["failed"] else ""
             lines.append(
                 f"{row['concurrency']:>4}  {name:<8}  {s['requests']:>8}  {s['scrapes'] if name == 'on' else '-':>7}  "
-                f"{_cell(s['ttft_p50_ms'])}  {_cell(s['ttft_p90_ms'])}  {_cell(s['gap_p50_ms'], 8)}  "
-                f"{_cell(s['gap_p99_ms'], 8)}{fails}"
+                f"{cell(s['ttft_p50_ms'])}  {cell(s['ttft_p90_ms'])}  {cell(s['gap_p50_ms'], 8)}  "
+                f"{cell(s['gap_p99_ms'], 8)}{fails}"
             )
         added = row["ttft_added_p50_ms"]
         verdict = "-" if added is None else ("pass" if added <= TARGET_ADDED_TTFT_MS else "FAIL")
@@ -184,7 +184,7 @@ def render(rows: Sequence[dict[str, Any]], engine: str) -> str:
     return "\n".join(lines)
 
 
-def _cell(v: float | None, width: int = 9) -> str:
+def cell(v: float | None, width: int = 9) -> str:
     return f"{'-' if v is None else f'{v:.2f}':>{width}}"
 
 
