@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specproxy.analysis.acceptance import conditional_rates, expected_tokens_per_step
-from specproxy.analysis.advise import (
+from specproxy.analysis.advise.measured import measured_rows, with_measurements
+from specproxy.analysis.advise.model import (
     WARN_BROKEN_HEAD,
     CostModel,
     build_advice,
@@ -21,8 +21,8 @@ from specproxy.analysis.advise import (
     recommend,
     step_points,
 )
-from specproxy.analysis.advise_measured import measured_rows, with_measurements
-from specproxy.analysis.render_advise import advise_json, advise_tables
+from specproxy.analysis.advise.render import advise_json, advise_tables
+from specproxy.analysis.figures.acceptance import conditional_rates, expected_tokens_per_step
 from specproxy.analysis.tables import render_text
 from specproxy.commands.analysis import register
 from specproxy.core.record import Record

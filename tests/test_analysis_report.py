@@ -13,8 +13,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specproxy.analysis.acceptance import pool_acceptance
-from specproxy.analysis.aggregate import build_report, in_flight
+from specproxy.analysis.figures.acceptance import pool_acceptance
+from specproxy.analysis.report.aggregate import build_report, in_flight
 from specproxy.commands.analysis import register
 from specproxy.core.record import Record, parse_line
 from tests.analysisutil import T0, make_record, write_run
@@ -209,8 +209,8 @@ def test_newer_schema_is_refused_clearly(tmp_path: Path) -> None:
 
 
 def test_records_timed_off_the_engines_clock_are_counted_and_told(tmp_path: Path) -> None:
-    from specproxy.analysis.accum import stream_report
-    from specproxy.analysis.inputs import read_runs
+    from specproxy.analysis.inputs.runs import read_runs
+    from specproxy.analysis.report.accum import stream_report
 
     off = ["decode_rate_off_engine"]
     recs = [make_record(f"r{i}", accepted=[1, 2], k=3, flags=off if i < 2 else ()) for i in range(3)]

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from specproxy.analysis.aggregate import gaps
+from specproxy.analysis.report.aggregate import gaps
 from tests.proxyutil import RunningProxy, running_proxy
 from tests.simutil import CODE_PROMPT, running_sim
 

@@ -3,7 +3,7 @@ paired per-request speedups). Deterministic.
 
 :class:`Reservoir` keeps a uniform sample of at most ``size`` items (Vitter's algorithm R with a fixed seed): every
 item while there are no more than ``size``, so small groups keep everything and their intervals are what they were;
-:data:`specproxy.analysis.confidence.MAX_SAMPLES` is its size there, as the bootstrap subsamples to that anyway.
+:data:`specproxy.analysis.figures.confidence.MAX_SAMPLES` is its size there, as the bootstrap subsamples to that anyway.
 
 :class:`KeySample` keeps values per request key for keys whose hash falls under a threshold that halves whenever the
 sample outgrows its capacity. The threshold depends on the key only, so two configurations' samples keep the same

@@ -13,13 +13,21 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from specproxy.analysis.acceptance import pool_acceptance
-from specproxy.analysis.aggregate import generates, group_records, is_ok, output_tok_s, request_tok_s, values
-from specproxy.analysis.compare import choose_baseline
-from specproxy.analysis.confidence import Interval, bootstrap_many, pooled_ratio, ratio_of_medians, speedup_verdict
-from specproxy.analysis.inflight import decode_in_flight
-from specproxy.analysis.pairing import body_key
-from specproxy.analysis.slo import Goodput, SloSpec, goodput
+from specproxy.analysis.compare.model import choose_baseline
+from specproxy.analysis.figures.acceptance import pool_acceptance
+from specproxy.analysis.figures.confidence import (
+    Interval,
+    bootstrap_many,
+    pooled_ratio,
+    ratio_of_medians,
+    speedup_verdict,
+)
+from specproxy.analysis.figures.groups import group_records
+from specproxy.analysis.figures.inflight import decode_in_flight
+from specproxy.analysis.figures.pairing import body_key
+from specproxy.analysis.figures.records import generates, is_ok, request_tok_s, values
+from specproxy.analysis.figures.slo import Goodput, SloSpec, goodput
+from specproxy.analysis.report.aggregate import output_tok_s
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
@@ -97,7 +105,7 @@ class SweepResult:
 
 
 def request_key(rec: Record, seen: dict[str, int]) -> str | None:
-    """The same request in another configuration's run (:func:`specproxy.analysis.pairing.body_key`), and which
+    """The same request in another configuration's run (:func:`specproxy.analysis.figures.pairing.body_key`), and which
     repeat of that body."""
     key = body_key(rec)
     if key is None:

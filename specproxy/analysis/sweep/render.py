@@ -7,10 +7,10 @@ from typing import Any
 
 import orjson
 
-from specproxy.analysis.batchcost import BatchAdvice, KRange, disable_by_batch_size, vllm_schedule
-from specproxy.analysis.confidence import LEVEL, Interval
-from specproxy.analysis.render import JSON_VERSION
-from specproxy.analysis.sweep import ALL, LevelRow, SweepResult
+from specproxy.analysis.figures.confidence import LEVEL, Interval
+from specproxy.analysis.report.render import JSON_VERSION
+from specproxy.analysis.sweep.batchcost import BatchAdvice, KRange, disable_by_batch_size, vllm_schedule
+from specproxy.analysis.sweep.model import ALL, LevelRow, SweepResult
 from specproxy.analysis.tables import Table, fmt, fmt_pct, fmt_x
 
 

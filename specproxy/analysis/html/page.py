@@ -2,7 +2,7 @@
 
 Charts: decode tok/s by configuration, acceptance by workload, the per-position acceptance curve, the tokens-per-step
 histogram, TTFT, inter-token and inter-step distributions (CDFs), and requests in flight over time; then the report's
-tables. What the charts draw is gathered by :mod:`.html_input` in the report's one pass over the records. A few
+tables. What the charts draw is gathered by :mod:`.gather` in the report's one pass over the records. A few
 lines of inline script record, on each chart, how many data marks were drawn with a non-zero size (``data-drawn``),
 so a headless browser can check that the charts rendered. Pure: report and chart data in, text out.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from html import escape
 
-from specproxy.analysis.aggregate import Report, describe_key
-from specproxy.analysis.batchcost import BatchAdvice
-from specproxy.analysis.html_input import ChartInput
-from specproxy.analysis.svg import Line, Series, bar_chart, line_chart
-from specproxy.analysis.sweep import ALL, LevelRow, SweepResult
+from specproxy.analysis.html.gather import ChartInput
+from specproxy.analysis.html.svg import Line, Series, bar_chart, line_chart
+from specproxy.analysis.report.model import Report, describe_key
+from specproxy.analysis.sweep.batchcost import BatchAdvice
+from specproxy.analysis.sweep.model import ALL, LevelRow, SweepResult
 from specproxy.analysis.tables import Table
 
 _CSS = """

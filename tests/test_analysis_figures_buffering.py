@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from specproxy.analysis import render
-from specproxy.analysis.accum import stream_report
-from specproxy.analysis.buffering import VERDICTS, BufferingInput, BufferingTracker, response_reads
-from specproxy.analysis.scan import ChunkBatch, item_of
+from specproxy.analysis.figures.buffering import VERDICTS, BufferingInput, BufferingTracker, response_reads
+from specproxy.analysis.inputs.scan import ChunkBatch, item_of
+from specproxy.analysis.report import render
+from specproxy.analysis.report.accum import stream_report
 from specproxy.core.record import Record, as_record
 
 EVENT_BYTES = 335  # one OpenAI chat chunk with continuous usage, as the simulator sends it

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specproxy.analysis.accum import GroupAcc, Grouping
-from specproxy.analysis.aggregate import generates, is_ok, key_value
-from specproxy.analysis.scan import ChunkBatch, Item
-from specproxy.analysis.sketch import Quantiles
+from specproxy.analysis.figures.groups import Grouping
+from specproxy.analysis.figures.records import generates, is_ok, key_value
+from specproxy.analysis.figures.sketch import Quantiles
+from specproxy.analysis.inputs.scan import ChunkBatch, Item
+from specproxy.analysis.report.accum import GroupAcc
 
 MAX_TIMELINE_POINTS = 2000
 
@@ -66,7 +67,7 @@ class ChartInput:
             spans[1].append(start + e2e)
 
     def in_flight(self, label: str) -> list[tuple[float, float]]:
-        """As :func:`specproxy.analysis.aggregate.in_flight`, thinned to at most MAX_TIMELINE_POINTS points."""
+        """As :func:`specproxy.analysis.report.aggregate.in_flight`, thinned to at most MAX_TIMELINE_POINTS points."""
         starts, ends = (np.frombuffer(a, dtype=np.float64) for a in self.spans.get(label, (array("d"), array("d"))))
         if not len(starts):
             return []

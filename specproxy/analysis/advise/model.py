@@ -20,14 +20,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from specproxy.analysis.acceptance import (
+from specproxy.analysis.figures.acceptance import (
     Acceptance,
     conditional_rates,
     expected_tokens_per_step,
     pool_acceptance,
 )
-from specproxy.analysis.aggregate import gaps, generates, group_records, is_ok
-from specproxy.analysis.confidence import Interval, bootstrap_many, pooled_ratio, speedup_verdict
+from specproxy.analysis.figures.confidence import Interval, bootstrap_many, pooled_ratio, speedup_verdict
+from specproxy.analysis.figures.groups import group_records
+from specproxy.analysis.figures.records import generates, is_ok
+from specproxy.analysis.report.aggregate import gaps
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
@@ -356,7 +358,8 @@ def build_advice(
     lowest_load: tuple[float, float] | None = None,
 ) -> Advice:
     """``lowest_load``: (draft cost, base step) measured at the lowest batch size of records that span several
-    (:mod:`specproxy.analysis.batchcost`): used instead of a fit that would pool steps of different batch sizes."""
+    (:mod:`specproxy.analysis.sweep.batchcost`): used instead of a fit that would pool steps of different batch
+    sizes."""
     recs = [r for r in records if generates(r)]
     base = [r for r in baseline_records if generates(r)]
     # A baseline run is k = 0 whatever its records say: it is the reference step time.

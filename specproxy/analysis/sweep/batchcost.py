@@ -1,12 +1,12 @@
 """k per batch size: what a draft token costs at each batch size, and the k that pays off in each range of requests
 in flight. Pure: records in, a schedule out.
 
-Each request's decode ran at a batch size (:mod:`specproxy.analysis.inflight`: the mean requests in flight from its
-first token to its end) and at a step time (its decode span over its steps). Requests are put in batch buckets
+Each request's decode ran at a batch size (:mod:`specproxy.analysis.figures.inflight`: the mean requests in flight from
+its first token to its end) and at a step time (its decode span over its steps). Requests are put in batch buckets
 around powers of two (1, 2, 3-5, 6-11, 12-22, ...: a sweep's concurrencies 1, 2, 4, 8, 16 land one to a bucket);
 per bucket and configuration the step time is the median over its requests. Where a bucket holds a configuration
 without speculation (k = 0) and one with (or two different k), the cost of one draft token there is fitted as in
-:mod:`specproxy.analysis.advise`: ``step(k) = step(0) * (1 + c * k)``. Beyond the compute knee c grows with the
+:mod:`specproxy.analysis.advise.model`: ``step(k) = step(0) * (1 + c * k)``. Beyond the compute knee c grows with the
 batch, which is why the best k falls as load rises.
 
 Per workload, the predicted speedup of each k in a bucket is ``E(k) / (1 + c * k)`` with the workload's conditional
@@ -22,12 +22,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from specproxy.analysis.acceptance import conditional_rates, expected_tokens_per_step
-from specproxy.analysis.advise import TOLERANCE, config_k, fit_cost
-from specproxy.analysis.aggregate import generates, group_records, is_ok
-from specproxy.analysis.confidence import Interval, bootstrap_many
-from specproxy.analysis.inflight import decode_in_flight
-from specproxy.analysis.sweep import level_of
+from specproxy.analysis.advise.model import TOLERANCE, config_k, fit_cost
+from specproxy.analysis.figures.acceptance import conditional_rates, expected_tokens_per_step
+from specproxy.analysis.figures.confidence import Interval, bootstrap_many
+from specproxy.analysis.figures.groups import group_records
+from specproxy.analysis.figures.inflight import decode_in_flight
+from specproxy.analysis.figures.records import generates, is_ok
+from specproxy.analysis.sweep.model import level_of
 from specproxy.core.record import Record
 from specproxy.core.stats import median, step_and_token_gaps
 

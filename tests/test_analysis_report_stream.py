@@ -18,16 +18,16 @@ import zstandard
 from analysisutil import make_record, profile_records, write_run
 from typer.testing import CliRunner
 
-from specproxy.analysis import sample, sketch
-from specproxy.analysis.accum import stream_report
-from specproxy.analysis.aggregate import build_report
-from specproxy.analysis.compare import ComparisonBuilder
-from specproxy.analysis.html_input import MAX_TIMELINE_POINTS, ChartInput
-from specproxy.analysis.inputs import read_runs
-from specproxy.analysis.scan import ChunkBatch, item_of
-from specproxy.analysis.sketch import RELATIVE_ERROR, DDSketch, Quantiles
-from specproxy.analysis.slo import FigureSpec, parse_slo
-from specproxy.analysis.synth import synth_lines, write_synth
+from specproxy.analysis.compare.model import ComparisonBuilder
+from specproxy.analysis.figures import sample, sketch
+from specproxy.analysis.figures.sketch import RELATIVE_ERROR, DDSketch, Quantiles
+from specproxy.analysis.figures.slo import FigureSpec, parse_slo
+from specproxy.analysis.html.gather import MAX_TIMELINE_POINTS, ChartInput
+from specproxy.analysis.inputs.runs import read_runs
+from specproxy.analysis.inputs.scan import ChunkBatch, item_of
+from specproxy.analysis.inputs.synth import synth_lines, write_synth
+from specproxy.analysis.report.accum import stream_report
+from specproxy.analysis.report.aggregate import build_report
 from specproxy.commands.analysis import register
 from specproxy.core.record import parse_line, read_records
 from specproxy.core.stats import percentile

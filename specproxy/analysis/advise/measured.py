@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from specproxy.analysis.acceptance import pool_acceptance
-from specproxy.analysis.advise import TOLERANCE, Advice, MeasuredK, WorkloadAdvice, acceptance_ci, config_k
-from specproxy.analysis.aggregate import generates, is_ok, request_tok_s, values
-from specproxy.analysis.compare import choose_baseline
-from specproxy.analysis.confidence import Interval, speedup_verdict
-from specproxy.analysis.slo import Goodput, SloSpec, goodput
-from specproxy.analysis.sweep import level_of, speedup_interval
+from specproxy.analysis.advise.model import TOLERANCE, Advice, MeasuredK, WorkloadAdvice, acceptance_ci, config_k
+from specproxy.analysis.compare.model import choose_baseline
+from specproxy.analysis.figures.acceptance import pool_acceptance
+from specproxy.analysis.figures.confidence import Interval, speedup_verdict
+from specproxy.analysis.figures.records import generates, is_ok, request_tok_s, values
+from specproxy.analysis.figures.slo import Goodput, SloSpec, goodput
+from specproxy.analysis.sweep.model import level_of, speedup_interval
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specproxy.analysis import sketch
-from specproxy.analysis.acceptance import Acceptance
-from specproxy.analysis.aggregate import GroupReport, Report
-from specproxy.analysis.slo import FigureSpec
+from specproxy.analysis.figures import sketch
+from specproxy.analysis.figures.acceptance import Acceptance
+from specproxy.analysis.figures.slo import FigureSpec
+from specproxy.analysis.report.model import GroupReport, Report
 from specproxy.analysis.tables import Table, fmt, fmt_ms, fmt_pct, fmt_signed_pct, fmt_spread
 from specproxy.core.record import OUTCOMES
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from specproxy.analysis.aggregate import key_value
-from specproxy.analysis.scan import ChunkBatch, Item, typed_chunks
+from specproxy.analysis.figures.records import key_value
+from specproxy.analysis.inputs.scan import ChunkBatch, Item, typed_chunks
 from specproxy.core.record import Record
 
 MIN_EVENTS = 8  # token events a response needs to say how its reads were cut
@@ -85,8 +85,8 @@ def response_reads(rec: Record, offsets: Sequence[float] | None = None) -> Respo
 
 
 def _offsets(seg: bytes) -> list[float]:
-    """The chunk offsets of a record's timeline as :mod:`specproxy.analysis.scan` hands it on (JSON bytes): parsed
-    plainly (a tenth of the cost of typing every pair), typed only when a pair is not one."""
+    """The chunk offsets of a record's timeline as :mod:`specproxy.analysis.inputs.scan` hands it on (JSON bytes):
+    parsed plainly (a tenth of the cost of typing every pair), typed only when a pair is not one."""
     try:
         return [float(c[0]) for c in orjson.loads(seg)]
     except (TypeError, IndexError, ValueError, orjson.JSONDecodeError):

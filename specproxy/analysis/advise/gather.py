@@ -1,9 +1,9 @@
 """What ``specproxy advise`` needs of the runs, gathered in one streaming pass; the decisions stay in
-:mod:`specproxy.analysis.advise`.
+:mod:`specproxy.analysis.advise.model`.
 
 Per configuration (label): the inter-step gaps of its finished requests (a :class:`Quantiles`, for the median the
 cost fit uses) and its pooled acceptance (for its k). Per workload: pooled and conditional acceptance and the counts
-behind the warnings. Generation requests only, as :func:`specproxy.analysis.advise.build_advice` does.
+behind the warnings. Generation requests only, as :func:`specproxy.analysis.advise.model.build_advice` does.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
-from specproxy.analysis.acceptance import AcceptancePool, ConditionalPool
-from specproxy.analysis.advise import (
+from specproxy.analysis.advise.model import (
     DEFAULT_MAX_K,
     Advice,
     WorkloadStats,
@@ -21,10 +20,11 @@ from specproxy.analysis.advise import (
     k_of,
     timed_step_s,
 )
-from specproxy.analysis.aggregate import generates, is_ok, key_value
-from specproxy.analysis.confidence import MAX_SAMPLES
-from specproxy.analysis.scan import ChunkBatch, Item
-from specproxy.analysis.sketch import Quantiles
+from specproxy.analysis.figures.acceptance import AcceptancePool, ConditionalPool
+from specproxy.analysis.figures.confidence import MAX_SAMPLES
+from specproxy.analysis.figures.records import generates, is_ok, key_value
+from specproxy.analysis.figures.sketch import Quantiles
+from specproxy.analysis.inputs.scan import ChunkBatch, Item
 from specproxy.core.record import Record
 
 # Whole records kept for the tables that need them (measured speedups per load, the draft cost per batch size): a
@@ -40,7 +40,7 @@ class _Label:
     pool: AcceptancePool = field(default_factory=AcceptancePool)
 
     def step_s(self) -> float | None:
-        """As :func:`specproxy.analysis.advise.step_time`: timed where most records allow it, else chunk gaps."""
+        """As :func:`specproxy.analysis.advise.model.step_time`: timed where most records allow it, else chunk gaps."""
         if len(self.timed) and 2 * len(self.timed) >= self.ok:
             return self.timed.percentile(50.0)
         return self.steps.percentile(50.0)
@@ -135,7 +135,7 @@ class AdviseInput:
         max_k: int = DEFAULT_MAX_K,
         lowest_load: tuple[float, float] | None = None,
     ) -> Advice:
-        """``lowest_load``: as :func:`specproxy.analysis.advise.build_advice` takes it."""
+        """``lowest_load``: as :func:`specproxy.analysis.advise.model.build_advice` takes it."""
         if draft_cost is None and lowest_load is not None:
             cost = replace(cost_model(self.points(), *lowest_load), source="lowest load")
         else:

@@ -6,8 +6,8 @@ import itertools
 import random
 from collections import Counter
 
-from specproxy.analysis.compare import build_comparison
-from specproxy.analysis.confidence import (
+from specproxy.analysis.compare.model import build_comparison
+from specproxy.analysis.figures.confidence import (
     Interval,
     _resampled_median,
     median_of_ratios,

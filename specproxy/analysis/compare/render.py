@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specproxy.analysis.compare import CompareRow, Comparison
-from specproxy.analysis.confidence import LEVEL, Interval
-from specproxy.analysis.pairing import BY_BODY, BY_REPLAY
-from specproxy.analysis.render import JSON_VERSION
+from specproxy.analysis.compare.model import CompareRow, Comparison
+from specproxy.analysis.figures.confidence import LEVEL, Interval
+from specproxy.analysis.figures.pairing import BY_BODY, BY_REPLAY
+from specproxy.analysis.report.render import JSON_VERSION
 from specproxy.analysis.tables import Table, fmt, fmt_pct, fmt_spread, fmt_x
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from specproxy.analysis.sketch import FloatArray, Quantiles
+from specproxy.analysis.figures.sketch import FloatArray, Quantiles
 from specproxy.core.record import Record, RecordError, as_record, parse_line, upgrade
 from specproxy.core.stats import decode_tok_s
 

@@ -2,8 +2,8 @@
 directories, checked and labelled.
 
 The IO module of :mod:`specproxy.analysis` (with :mod:`.sources`, which lists and decompresses the files). Records
-come one at a time as :class:`specproxy.analysis.scan.Item` (the record, its chunk timeline still as bytes), so no
-command holds a run in memory. A record without a ``label`` takes its run's name (the file name without rotation
+come one at a time as :class:`specproxy.analysis.inputs.scan.Item` (the record, its chunk timeline still as bytes), so
+no command holds a run in memory. A record without a ``label`` takes its run's name (the file name without rotation
 number, ``.gz``/``.zst`` and ``.jsonl``, or the directory name), so runs recorded without ``--label`` still compare
 side by side.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from specproxy.analysis.scan import Item, decode_line
-from specproxy.analysis.sources import SourceError, file_lines, run_files, run_name
+from specproxy.analysis.inputs.scan import Item, decode_line
+from specproxy.analysis.inputs.sources import SourceError, file_lines, run_files, run_name
 from specproxy.core.inference import is_inference
 from specproxy.core.record import NotJSONError, Record, RecordError, cut_short, log
 from specproxy.core.salvage import GLUED, glued_tail

@@ -1,8 +1,8 @@
 """How fast, and in how much memory, ``specproxy report`` reads N records: the streaming pass against the in-memory
 reference, side by side, on a synthetic file written as the sink writes it.
 
-    python -m specproxy.analysis.benchmark 1000000            # writes /tmp/specproxy-bench/records-1000000.jsonl once
-    python -m specproxy.analysis.benchmark 100000 --old-max 100000 --files 4 --compress gz,zst,,
+    python -m specproxy.analysis.report.benchmark 1000000     # writes /tmp/specproxy-bench/records-1000000.jsonl once
+    python -m specproxy.analysis.report.benchmark 100000 --old-max 100000 --files 4 --compress gz,zst,,
 
 Each side runs in a fresh process (so peak RSS is its own: ``ru_maxrss``) and writes the report as JSON; the table
 gives wall time, CPU time and peak RSS per side and the largest relative difference between the two reports'
@@ -23,16 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specproxy.analysis import render
-from specproxy.analysis.aggregate import build_report
-from specproxy.analysis.sketch import RELATIVE_ERROR
-from specproxy.analysis.synth import write_synth
+from specproxy.analysis.figures.sketch import RELATIVE_ERROR
+from specproxy.analysis.inputs.synth import write_synth
+from specproxy.analysis.report import render
+from specproxy.analysis.report.aggregate import build_report
 
 
 def _old(path: Path) -> dict[str, Any]:
     """Today's reference: every record in memory (read as before; compressed rotations need the new reader), then
     the report."""
-    from specproxy.analysis.inputs import read_runs
+    from specproxy.analysis.inputs.runs import read_runs
     from specproxy.core.record import read_records
 
     plain = not any(path.parent.glob(path.name + ".*"))
@@ -41,8 +41,8 @@ def _old(path: Path) -> dict[str, Any]:
 
 
 def _new(path: Path) -> dict[str, Any]:
-    from specproxy.analysis.accum import stream_report
-    from specproxy.analysis.inputs import read_runs, worth_a_second_process
+    from specproxy.analysis.inputs.runs import read_runs, worth_a_second_process
+    from specproxy.analysis.report.accum import stream_report
 
     report, _ = stream_report(read_runs([path]), parallel=worth_a_second_process([path]))
     return render.report_json(report)
@@ -71,7 +71,7 @@ def _child(side: str, path: Path, out: Path) -> None:
 def _run(side: str, path: Path, work: Path) -> dict[str, Any]:
     out = work / f"{side}.json"
     subprocess.run(
-        [sys.executable, "-m", "specproxy.analysis.benchmark", "--child", side, str(path), str(out)], check=True
+        [sys.executable, "-m", "specproxy.analysis.report.benchmark", "--child", side, str(path), str(out)], check=True
     )
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -111,7 +111,9 @@ def _table(n: int, size: int, rows: list[tuple[str, dict[str, Any] | None]], dif
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specproxy.analysis.benchmark", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m specproxy.analysis.report.benchmark", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("n", type=int, nargs="?", default=100_000, help="records (default 100000)")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "specproxy-bench")
     ap.add_argument("--old-max", type=int, default=200_000, help="skip the in-memory side above this many records")

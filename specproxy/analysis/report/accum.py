@@ -1,43 +1,32 @@
 """The report's figures in one pass: per-group accumulators fed record by record, in bounded memory.
 
-The same figures as :mod:`specproxy.analysis.aggregate` (which computes them from lists of records and stays the
-exact reference), with the same definitions: latency and decode-rate figures from requests that finished ``ok``,
+The same figures as :mod:`specproxy.analysis.report.aggregate` (which computes them from lists of records and stays
+the exact reference), with the same definitions: latency and decode-rate figures from requests that finished ``ok``,
 counts over every request, one partition per (``run_id``, ``repeat``) when records carry a repeat index and the
 median over partitions with the min-max spread. What changes is that nothing holds the records: each group keeps
-counters, sums and a :class:`specproxy.analysis.sketch.Quantiles` per latency figure (exact up to
-:data:`specproxy.analysis.sketch.EXACT_LIMIT` values, a DDSketch within 0.5% beyond), and chunk timelines reach the
-groups through :class:`specproxy.analysis.scan.ChunkBatch`.
+counters, sums and a :class:`specproxy.analysis.figures.sketch.Quantiles` per latency figure (exact up to
+:data:`specproxy.analysis.figures.sketch.EXACT_LIMIT` values, a DDSketch within 0.5% beyond), and chunk timelines
+reach the groups through :class:`specproxy.analysis.inputs.scan.ChunkBatch`.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Iterable, Sequence
 
-from specproxy.analysis.acceptance import AcceptancePool
-from specproxy.analysis.aggregate import (
-    DEFAULT_GROUP_BY,
-    DEFAULT_SPEC,
-    GROUP_FIELDS,
-    Figure,
-    GroupReport,
-    Report,
-    combine,
-    is_ok,
-    key_value,
-)
-from specproxy.analysis.scan import ChunkBatch, GapSink, Item, StepSink
-from specproxy.analysis.sketch import Quantiles
-from specproxy.analysis.slo import FigureSpec, percentile_name
+from specproxy.analysis.figures.acceptance import AcceptancePool
+from specproxy.analysis.figures.groups import DEFAULT_GROUP_BY, Grouping
+from specproxy.analysis.figures.records import is_ok, key_value
+from specproxy.analysis.figures.sketch import Quantiles
+from specproxy.analysis.figures.slo import FigureSpec, percentile_name
+from specproxy.analysis.inputs.scan import ChunkBatch, GapSink, Item, StepSink
+from specproxy.analysis.report.model import DEFAULT_SPEC, Figure, GroupReport, Report, combine
 from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
-
-T = TypeVar("T")
 
 
 class PartAcc:
-    """One partition's figures (:func:`specproxy.analysis.aggregate.scalar_figures`), accumulated."""
+    """One partition's figures (:func:`specproxy.analysis.report.aggregate.scalar_figures`), accumulated."""
 
     __slots__ = (
         "accepted",
@@ -233,34 +222,6 @@ class GroupAcc:
                 most = max(most, len(q))
                 exact = exact and q.exact
         return most, exact
-
-
-class Grouping(Generic[T]):
-    """Accumulators per group of items, keys in order of each field's first appearance (as ``group_records``)."""
-
-    def __init__(self, by: Sequence[str], make: Callable[[], T]) -> None:
-        unknown = [f for f in by if f not in GROUP_FIELDS]
-        if unknown or not by:
-            raise ValueError(
-                f"cannot group by {','.join(unknown) or '(nothing)'}; choose from {','.join(GROUP_FIELDS)}"
-            )
-        self.by = tuple(by)
-        self.make = make
-        self.groups: dict[tuple[str, ...], T] = {}
-        self.first_seen: list[dict[str, int]] = [{} for _ in by]
-
-    def get(self, item: Item) -> T:
-        rec = item.rec
-        key = tuple(key_value(rec, f) for f in self.by)
-        acc = self.groups.get(key)
-        if acc is None:
-            for seen, v in zip(self.first_seen, key, strict=True):
-                seen.setdefault(v, len(seen))
-            acc = self.groups[key] = self.make()
-        return acc
-
-    def ordered(self) -> list[tuple[tuple[str, ...], T]]:
-        return sorted(self.groups.items(), key=lambda kv: [s[v] for s, v in zip(self.first_seen, kv[0], strict=True)])
 
 
 class ReportBuilder:

@@ -4,9 +4,9 @@ recording or sent the same requests.
 
 A configuration is a record's ``label``. The baseline is the label asked for, else the first label whose records
 show no speculation (no spec block, or no drafts), else the first label given. Speedup is the ratio of medians.
-Paired speedups match the same request in both runs (:mod:`.pairing`: the same workload and body, as ``matrix`` and
-``run`` with one seed send them; else ``replay_of``), and each row says how it was paired. Pure: records in, rows
-out.
+Paired speedups match the same request in both runs (:mod:`..figures.pairing`: the same workload and body, as
+``matrix`` and ``run`` with one seed send them; else ``replay_of``), and each row says how it was paired. Pure:
+records in, rows out.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from specproxy.analysis.acceptance import Acceptance, AcceptancePool, pool_acceptance
-from specproxy.analysis.accum import GroupAcc
-from specproxy.analysis.aggregate import Figure, GroupReport, generates, is_ok, key_value
-from specproxy.analysis.confidence import (
+from specproxy.analysis.figures.acceptance import Acceptance, AcceptancePool, pool_acceptance
+from specproxy.analysis.figures.confidence import (
     MAX_SAMPLES,
     Interval,
     median_of_ratios,
@@ -25,11 +23,14 @@ from specproxy.analysis.confidence import (
     ratio_of_medians,
     speedup_verdict,
 )
-from specproxy.analysis.pairing import BY_BODY, BY_REPLAY, body_key, replay_key
-from specproxy.analysis.sample import KeySample, Reservoir
-from specproxy.analysis.scan import ChunkBatch, Item, item_of
-from specproxy.analysis.sketch import EXACT_LIMIT, RELATIVE_ERROR
-from specproxy.analysis.slo import FigureSpec, Goodput, SloSpec
+from specproxy.analysis.figures.pairing import BY_BODY, BY_REPLAY, body_key, replay_key
+from specproxy.analysis.figures.records import generates, is_ok, key_value
+from specproxy.analysis.figures.sample import KeySample, Reservoir
+from specproxy.analysis.figures.sketch import EXACT_LIMIT, RELATIVE_ERROR
+from specproxy.analysis.figures.slo import FigureSpec, Goodput, SloSpec
+from specproxy.analysis.inputs.scan import ChunkBatch, Item, item_of
+from specproxy.analysis.report.accum import GroupAcc
+from specproxy.analysis.report.model import Figure, GroupReport
 from specproxy.core.record import Record
 from specproxy.core.stats import median, percentile
 
@@ -140,7 +141,7 @@ def _medians(sample: KeySample) -> dict[str, float]:
 
 
 def _ratios(base: _Cell, other: _Cell) -> tuple[list[float], str | None]:
-    """Per-request speedups of the requests both ran, and how they were paired (:mod:`.pairing`)."""
+    """Per-request speedups of the requests both ran, and how they were paired (:mod:`..figures.pairing`)."""
     for how, b, mine in (
         (BY_BODY, _medians(base.by_body), _medians(other.by_body)),
         (BY_REPLAY, _medians(base.by_replay), _medians(other.by_replay)),

@@ -9,93 +9,16 @@ runs, medians). Per-position acceptance and histograms are pooled over all repea
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from specproxy.analysis.acceptance import Acceptance, pool_acceptance
-from specproxy.analysis.slo import FigureSpec, goodput, percentile_name
+from specproxy.analysis.figures.acceptance import pool_acceptance
+from specproxy.analysis.figures.groups import DEFAULT_GROUP_BY, GROUP_FIELDS, group_records
+from specproxy.analysis.figures.records import PER_TOKEN_FLAG, is_ok, key_value, request_tok_s, request_tpot_s, values
+from specproxy.analysis.figures.slo import FigureSpec, goodput, percentile_name
+from specproxy.analysis.report.model import DEFAULT_SPEC, GroupReport, Report, combine
 from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
 from specproxy.core.record import Record
-from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
-
-GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "turn", "path", "method", "engine")
-DEFAULT_GROUP_BY = ("workload", "label")
-NONE_KEY = "(none)"
-
-# Scalar figures by default, in the order tables show them (``--percentiles`` and ``--slo`` change the set: see
-# :class:`specproxy.analysis.slo.FigureSpec`). Units are in the names: `_s` seconds, `_tok_s` tokens per second.
-DEFAULT_SPEC = FigureSpec()
-FIGURES = DEFAULT_SPEC.names
-
-
-@dataclass(frozen=True, slots=True)
-class Figure:
-    """One scalar: the value (median over repeats when repeated), its min-max over repeats, and how many repeats
-    gave a value (1 without repeats, where min == max == value)."""
-
-    value: float | None
-    min: float | None
-    max: float | None
-    n: int
-
-    def as_dict(self) -> dict[str, float | int | None]:
-        return {"value": self.value, "min": self.min, "max": self.max, "n": self.n}
-
-
-@dataclass(frozen=True, slots=True)
-class GroupReport:
-    key: tuple[tuple[str, str], ...]
-    requests: int
-    outcomes: Mapping[str, int]
-    repeats: int
-    figures: Mapping[str, Figure]
-    acceptance: Acceptance
-    token_sources: Mapping[str, int]
-    chunks_not_steps: int
-    truncated: int
-    decode_off_engine: int = 0  # records flagged decode_rate_off_engine: their chunks arrived late
-
-    @property
-    def errors(self) -> int:
-        return self.requests - self.outcomes.get("ok", 0)
-
-    def get(self, field: str) -> str | None:
-        return dict(self.key).get(field)
-
-    def figure(self, name: str) -> float | None:
-        fig = self.figures.get(name)
-        return fig.value if fig is not None else None
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    group_by: tuple[str, ...]
-    groups: tuple[GroupReport, ...]
-    requests: int
-    spec: FigureSpec = DEFAULT_SPEC
-    quantiles_exact: bool = True  # False: some percentiles come from a sketch (specproxy.analysis.sketch)
-
-    @property
-    def figure_names(self) -> tuple[str, ...]:
-        return self.spec.names
-
-
-def key_value(rec: Record, field: str) -> str:
-    v = rec.get(field)  # one of GROUP_FIELDS, or request_id
-    return NONE_KEY if v is None else str(v)
-
-
-def group_records(records: Iterable[Record], by: Sequence[str]) -> dict[tuple[str, ...], list[Record]]:
-    """Records per key, keys ordered by each field's first appearance (so labels keep the order runs were given)."""
-    groups: dict[tuple[str, ...], list[Record]] = {}
-    first_seen: list[dict[str, int]] = [{} for _ in by]
-    for rec in records:
-        key = tuple(key_value(rec, f) for f in by)
-        for seen, v in zip(first_seen, key, strict=True):
-            seen.setdefault(v, len(seen))
-        groups.setdefault(key, []).append(rec)
-    return dict(sorted(groups.items(), key=lambda kv: [s[v] for s, v in zip(first_seen, kv[0], strict=True)]))
+from specproxy.core.stats import median, percentile, step_and_token_gaps
 
 
 def partitions(records: Sequence[Record]) -> list[list[Record]]:
@@ -106,47 +29,6 @@ def partitions(records: Sequence[Record]) -> list[list[Record]]:
     for r in records:
         parts.setdefault((key_value(r, "run_id"), key_value(r, "repeat")), []).append(r)
     return list(parts.values())
-
-
-def is_ok(rec: Record) -> bool:
-    return rec["outcome"] == "ok"
-
-
-PER_TOKEN_FLAG = "chunks_not_steps_engine"  # the engine streams one event per token (attribution/choice.py)
-# paths that generate, in every dialect the recorder reads (core/dialects)
-GENERATION_PATHS = (
-    "completions",
-    "/api/chat",
-    "/api/generate",
-    "/v1/messages",
-    "/v1/responses",
-    "/completion",
-    "/generate",
-)
-
-
-def generates(rec: Record) -> bool:
-    """A generation request (chat or completions), as opposed to a client's /v1/models or /health call, which a
-    proxy records too but which has no tok/s or acceptance."""
-    return bool(rec["completion_tokens"]) or rec["path"].endswith(GENERATION_PATHS)
-
-
-def request_tok_s(rec: Record) -> float | None:
-    """The record's decode tok/s, or the same figure computed from its chunks (older records)."""
-    v = rec["decode_tok_s"]
-    return v if v is not None else decode_tok_s(rec["chunks"])
-
-
-def request_tpot_s(rec: Record) -> float | None:
-    v = rec["tpot_s"]
-    if v is not None:
-        return v
-    rate = decode_tok_s(rec["chunks"])
-    return 1.0 / rate if rate else None
-
-
-def values(records: Iterable[Record], get: Callable[[Record], float | None]) -> list[float]:
-    return [v for v in map(get, records) if v is not None]
 
 
 def gaps(records: Iterable[Record]) -> tuple[list[float], list[float]]:
@@ -202,14 +84,6 @@ def scalar_figures(records: Sequence[Record], spec: FigureSpec = DEFAULT_SPEC) -
     return out
 
 
-def combine(per_partition: Sequence[Mapping[str, float | None]], names: Sequence[str] = FIGURES) -> dict[str, Figure]:
-    out: dict[str, Figure] = {}
-    for name in names:
-        xs = [v for p in per_partition if (v := p.get(name)) is not None]
-        out[name] = Figure(median(xs), min(xs), max(xs), len(xs)) if xs else Figure(None, None, None, 0)
-    return out
-
-
 def summarize_group(
     key: tuple[tuple[str, str], ...], records: Sequence[Record], spec: FigureSpec = DEFAULT_SPEC
 ) -> GroupReport:
@@ -260,7 +134,3 @@ def in_flight(records: Iterable[Record]) -> list[tuple[float, int]]:
         level += d
         out.append((t - t0, level))
     return out
-
-
-def describe_key(key: Sequence[tuple[str, Any]]) -> str:
-    return " / ".join(str(v) for _, v in key)
