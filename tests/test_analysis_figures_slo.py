@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from specproxy.analysis.figures.slo import FigureSpec, Slo, SloSpec, goodput, parse_percentiles, parse_slo
-from specproxy.analysis.report.aggregate import build_report
+from specproxy.analysis.report.accum import build_report
 from specproxy.analysis.report.model import FIGURES
 from tests.analysisutil import T0, make_record, write_run
 from tests.test_cli import run

@@ -16,6 +16,7 @@ import pytest
 import typer
 import zstandard
 from analysisutil import make_record, profile_records, write_run
+from reference_report import build_report as reference_report
 from typer.testing import CliRunner
 
 from specproxy.analysis.compare.model import ComparisonBuilder
@@ -26,8 +27,7 @@ from specproxy.analysis.html.gather import MAX_TIMELINE_POINTS, ChartInput
 from specproxy.analysis.inputs.runs import read_runs
 from specproxy.analysis.inputs.scan import ChunkBatch, item_of
 from specproxy.analysis.inputs.synth import synth_lines, write_synth
-from specproxy.analysis.report.accum import stream_report
-from specproxy.analysis.report.aggregate import build_report
+from specproxy.analysis.report.accum import build_report, stream_report
 from specproxy.commands.analysis import register
 from specproxy.core.record import parse_line, read_records
 from specproxy.core.stats import percentile
@@ -57,7 +57,7 @@ SPEC = FigureSpec.with_percentiles((50, 90, 99, 99.9), parse_slo(["ttft=200ms,tp
 
 
 def test_streaming_report_equals_the_in_memory_one_exactly(synth_run: Path) -> None:
-    old = build_report(list(read_records(synth_run)), ("workload", "label"), SPEC)
+    old = reference_report(list(read_records(synth_run)), ("workload", "label"), SPEC)
     new, exact = stream_report(read_runs([synth_run]), ("workload", "label"), SPEC)
     assert exact and new.quantiles_exact
     assert [g.key for g in new.groups] == [g.key for g in old.groups]
@@ -72,7 +72,7 @@ def test_streaming_report_equals_the_in_memory_one_exactly(synth_run: Path) -> N
 
 
 def test_sketched_percentiles_stay_within_the_stated_error(synth_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    old = build_report(list(read_records(synth_run)), ("workload", "label"), SPEC)
+    old = reference_report(list(read_records(synth_run)), ("workload", "label"), SPEC)
     monkeypatch.setattr(sketch, "EXACT_LIMIT", 50)  # every latency figure of every group goes to the sketch
     new, exact = stream_report(read_runs([synth_run]), ("workload", "label"), SPEC)
     assert not exact

@@ -21,7 +21,8 @@ Each package's ``__init__`` maps its modules. Everything but ``inputs`` and ``ex
 (``specproxy.commands``) import this package, never the reverse.
 """
 
-from specproxy.analysis.advise.model import Advice, build_advice
+from specproxy.analysis.advise.gather import build_advice
+from specproxy.analysis.advise.model import Advice
 from specproxy.analysis.compare.model import Comparison, build_comparison
 from specproxy.analysis.figures.acceptance import (
     Acceptance,
@@ -29,7 +30,7 @@ from specproxy.analysis.figures.acceptance import (
     expected_tokens_per_step,
     pool_acceptance,
 )
-from specproxy.analysis.report.aggregate import build_report
+from specproxy.analysis.report.accum import build_report
 from specproxy.analysis.report.model import Report
 from specproxy.analysis.roofline.model import Roofline, roofline
 

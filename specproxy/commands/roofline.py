@@ -50,7 +50,7 @@ class _Rates:
 def _measurements(paths: Sequence[Path]) -> list[tuple[str, float | None, float | None]]:
     """(workload / label, median decode tok/s, median recorded read bytes per token) per group."""
     grouping = Grouping(DEFAULT_GROUP_BY, _Rates)
-    scan_runs(paths, lambda item, batch: grouping.get(item).add(item))
+    scan_runs(paths, lambda item, batch: grouping.get(item.rec).add(item))
     out: list[tuple[str, float | None, float | None]] = []
     for key, r in grouping.ordered():
         rb = r.read_bytes.percentile(50.0)

@@ -3,12 +3,14 @@
 
 Per configuration (label): the inter-step gaps of its finished requests (a :class:`Quantiles`, for the median the
 cost fit uses) and its pooled acceptance (for its k). Per workload: pooled and conditional acceptance and the counts
-behind the warnings. Generation requests only, as :func:`specproxy.analysis.advise.model.build_advice` does.
+behind the warnings. Generation requests only. Records already in memory (``matrix``, ``demo``) go through the same
+pass (:func:`build_advice`).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from specproxy.analysis.advise.model import (
@@ -24,7 +26,7 @@ from specproxy.analysis.figures.acceptance import AcceptancePool, ConditionalPoo
 from specproxy.analysis.figures.confidence import MAX_SAMPLES
 from specproxy.analysis.figures.records import generates, is_ok, key_value
 from specproxy.analysis.figures.sketch import Quantiles
-from specproxy.analysis.inputs.scan import ChunkBatch, Item
+from specproxy.analysis.inputs.scan import ChunkBatch, Item, item_of
 from specproxy.core.record import Record
 
 # Whole records kept for the tables that need them (measured speedups per load, the draft cost per batch size): a
@@ -40,7 +42,8 @@ class _Label:
     pool: AcceptancePool = field(default_factory=AcceptancePool)
 
     def step_s(self) -> float | None:
-        """As :func:`specproxy.analysis.advise.model.step_time`: timed where most records allow it, else chunk gaps."""
+        """A configuration's median step time: timed (:func:`specproxy.analysis.advise.model.timed_step_s`) where most
+        of its finished requests allow it, else the median inter-step gap of their chunks."""
         if len(self.timed) and 2 * len(self.timed) >= self.ok:
             return self.timed.percentile(50.0)
         return self.steps.percentile(50.0)
@@ -62,7 +65,11 @@ class AdviseInput:
     """Feed the runs' items (:meth:`add`), and the baseline runs' with ``baseline=True``; flush the batch; then
     :meth:`advice`."""
 
-    def __init__(self, only: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, only: tuple[str, ...] = (), *, sample: int | None = MAX_SAMPLES, details: int = MAX_DETAIL_RECORDS
+    ) -> None:
+        self.sample_size = sample  # records per workload kept for intervals; None: every one
+        self.max_details = details
         self.only = frozenset(only)  # only these workloads (the runs' other records are left out entirely)
         self.seen: dict[str, None] = {}  # every workload of the runs, in order
         self.labels: dict[str, _Label] = {}
@@ -96,7 +103,7 @@ class AdviseInput:
             wl.stats.add(rec)
             self._sample(wl, rec)
         details = self.baseline_details if baseline else self.details
-        if len(self.details) + len(self.baseline_details) < MAX_DETAIL_RECORDS:
+        if len(self.details) + len(self.baseline_details) < self.max_details:
             details.append(item.full())
         else:
             self.details_dropped += 1
@@ -110,11 +117,11 @@ class AdviseInput:
         """Reservoir sampling (algorithm R): every record read has the same chance to be in the sample."""
         wl.seen += 1
         light = replace_chunks(rec)
-        if len(wl.sample) < MAX_SAMPLES:
+        if self.sample_size is None or len(wl.sample) < self.sample_size:
             wl.sample.append(light)
         else:
             j = self._rng.randrange(wl.seen)
-            if j < MAX_SAMPLES:
+            if j < self.sample_size:
                 wl.sample[j] = light
 
     def points(self) -> list[tuple[int, float]]:
@@ -135,7 +142,9 @@ class AdviseInput:
         max_k: int = DEFAULT_MAX_K,
         lowest_load: tuple[float, float] | None = None,
     ) -> Advice:
-        """``lowest_load``: as :func:`specproxy.analysis.advise.model.build_advice` takes it."""
+        """``lowest_load``: (draft cost, base step) measured at the lowest batch size of records that span several
+        (:mod:`specproxy.analysis.sweep.batchcost`): used instead of a fit that would pool steps of different batch
+        sizes."""
         if draft_cost is None and lowest_load is not None:
             cost = replace(cost_model(self.points(), *lowest_load), source="lowest load")
         else:
@@ -147,6 +156,27 @@ class AdviseInput:
                 for w, wl in self.workloads.items()
             ),
         )
+
+
+def build_advice(
+    records: Iterable[Record],
+    baseline_records: Iterable[Record] = (),
+    *,
+    draft_cost: float | None = None,
+    base_step_s: float | None = None,
+    max_k: int = DEFAULT_MAX_K,
+    lowest_load: tuple[float, float] | None = None,
+) -> Advice:
+    """The advice of records already in memory: the pass ``advise`` makes over files, every record kept for the
+    intervals. A baseline run is k = 0 whatever its records say: it is the reference step time."""
+    gather = AdviseInput(sample=None, details=0)
+    batch = ChunkBatch()
+    for rec in records:
+        gather.add(item_of(rec), batch)
+    for rec in baseline_records:
+        gather.add(item_of(rec), batch, baseline=True)
+    batch.flush()
+    return gather.advice(draft_cost=draft_cost, base_step_s=base_step_s, max_k=max_k, lowest_load=lowest_load)
 
 
 def replace_chunks(rec: Record) -> Record:

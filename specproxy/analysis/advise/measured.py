@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from specproxy.analysis.advise.model import TOLERANCE, Advice, MeasuredK, WorkloadAdvice, acceptance_ci, config_k
+from specproxy.analysis.advise.model import TOLERANCE, Advice, MeasuredK, WorkloadAdvice, config_k
 from specproxy.analysis.compare.model import choose_baseline
 from specproxy.analysis.figures.acceptance import pool_acceptance
-from specproxy.analysis.figures.confidence import Interval, speedup_verdict
+from specproxy.analysis.figures.confidence import Interval, acceptance_interval, speedup_verdict
 from specproxy.analysis.figures.records import generates, is_ok, request_tok_s, values
 from specproxy.analysis.figures.slo import Goodput, SloSpec, goodput
 from specproxy.analysis.sweep.model import level_of, speedup_interval
@@ -90,7 +90,7 @@ def measured_rows(
                 speedup_ci=ci,
                 paired=paired,
                 acceptance_rate=acc.acceptance_rate,
-                acceptance_ci=acceptance_ci(grp),
+                acceptance_ci=acceptance_interval(grp),
                 goodput=goodput(grp, slo) if slo is not None else None,
             )
         )

@@ -17,7 +17,7 @@ advice out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from specproxy.analysis.figures.acceptance import (
@@ -26,10 +26,13 @@ from specproxy.analysis.figures.acceptance import (
     expected_tokens_per_step,
     pool_acceptance,
 )
-from specproxy.analysis.figures.confidence import Interval, bootstrap_many, pooled_ratio, speedup_verdict
-from specproxy.analysis.figures.groups import group_records
-from specproxy.analysis.figures.records import generates, is_ok
-from specproxy.analysis.report.aggregate import gaps
+from specproxy.analysis.figures.confidence import (
+    Interval,
+    acceptance_interval,
+    bootstrap_many,
+    speedup_verdict,
+)
+from specproxy.analysis.figures.records import is_ok
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
@@ -136,26 +139,6 @@ def timed_step_s(rec: Record) -> float | None:
     return (n - 1) / rate / steps if steps >= 1 else None
 
 
-def step_time(records: Sequence[Record]) -> float | None:
-    """A configuration's median step time: timed (:func:`timed_step_s`) where most of its records allow it, else
-    the median inter-step gap of their chunks."""
-    timed = [t for r in records if (t := timed_step_s(r)) is not None]
-    if timed and 2 * len(timed) >= sum(1 for r in records if is_ok(r)):
-        return median(timed)
-    steps, _ = gaps(r for r in records if is_ok(r))
-    return median(steps)
-
-
-def step_points(records: Iterable[Record]) -> list[tuple[int, float]]:
-    """(k, median step time) per label: the data a cost fit needs."""
-    out: list[tuple[int, float]] = []
-    for _, recs in group_records(records, ("label",)).items():
-        m = step_time(recs)
-        if m is not None and m > 0:
-            out.append((config_k(recs), m))
-    return out
-
-
 def fit_cost(points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
     """Least squares step = a + b * k over points with at least two distinct k; returns (base_step_s, c = b / a)."""
     if len({k for k, _ in points}) < 2:
@@ -238,13 +221,6 @@ class WorkloadStats:
                 self.not_steps += 1
 
 
-def stats_of(records: Iterable[Record]) -> WorkloadStats:
-    stats = WorkloadStats()
-    for r in records:
-        stats.add(r)
-    return stats
-
-
 def warnings_of(stats: WorkloadStats, acc: Acceptance) -> list[str]:
     out: list[str] = []
     zero_flagged = stats.zero_flagged
@@ -291,21 +267,6 @@ def _with_intervals(
     return tuple(replace(p, speedup_ci=cis[p.k] if p.k < len(cis) else None) for p in preds)
 
 
-def acceptance_ci(records: Sequence[Record]) -> Interval | None:
-    pairs = [
-        (spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0)
-        for r in records
-        if (spec := r["spec"]) is not None and spec["source"] is not None
-    ]
-    return pooled_ratio(pairs) if any(d for _, d in pairs) else None
-
-
-def advise_workload(workload: str, records: Sequence[Record], cost: CostModel, max_k: int) -> WorkloadAdvice:
-    return advise_from(
-        workload, stats_of(records), pool_acceptance(records), conditional_rates(records), cost, max_k, records
-    )
-
-
 def advise_from(
     workload: str,
     stats: WorkloadStats,
@@ -344,32 +305,5 @@ def advise_from(
         recommended_k=rec_k,
         warnings=tuple(warnings),
         notes=tuple(notes),
-        acceptance_ci=acceptance_ci(records) if records else None,
-    )
-
-
-def build_advice(
-    records: Iterable[Record],
-    baseline_records: Iterable[Record] = (),
-    *,
-    draft_cost: float | None = None,
-    base_step_s: float | None = None,
-    max_k: int = DEFAULT_MAX_K,
-    lowest_load: tuple[float, float] | None = None,
-) -> Advice:
-    """``lowest_load``: (draft cost, base step) measured at the lowest batch size of records that span several
-    (:mod:`specproxy.analysis.sweep.batchcost`): used instead of a fit that would pool steps of different batch
-    sizes."""
-    recs = [r for r in records if generates(r)]
-    base = [r for r in baseline_records if generates(r)]
-    # A baseline run is k = 0 whatever its records say: it is the reference step time.
-    points = step_points(recs) + [(0, s) for _, s in step_points(base)]
-    if draft_cost is None and lowest_load is not None:
-        cost = replace(cost_model(points, *lowest_load), source="lowest load")
-    else:
-        cost = cost_model(points, draft_cost, base_step_s)
-    by_workload = group_records(recs, ("workload",))
-    return Advice(
-        cost=cost,
-        workloads=tuple(advise_workload(key[0], grp, cost, max_k) for key, grp in by_workload.items()),
+        acceptance_ci=acceptance_interval(records) if records else None,
     )

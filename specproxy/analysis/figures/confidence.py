@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TypeVar
 
+from specproxy.core.record import Record
 from specproxy.core.stats import percentile
 
 T = TypeVar("T")
@@ -139,3 +140,14 @@ def bootstrap_many(
             if v is not None:
                 draws[i].append(v)
     return tuple(_interval(d) for d in draws)
+
+
+def acceptance_interval(records: Sequence[Record]) -> Interval | None:
+    """Pooled acceptance (accepted over draft tokens) of the records with a per-request figure, with its interval;
+    None when they drafted nothing."""
+    pairs = [
+        (spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0)
+        for r in records
+        if (spec := r["spec"]) is not None and spec["source"] is not None
+    ]
+    return pooled_ratio(pairs) if any(d for _, d in pairs) else None

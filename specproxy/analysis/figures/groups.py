@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 from specproxy.analysis.figures.records import key_value
-from specproxy.analysis.inputs.scan import Item
 from specproxy.core.record import Record
 
 GROUP_FIELDS = ("workload", "label", "model", "run_id", "repeat", "turn", "path", "method", "engine")
@@ -16,20 +15,8 @@ DEFAULT_GROUP_BY = ("workload", "label")
 T = TypeVar("T")
 
 
-def group_records(records: Iterable[Record], by: Sequence[str]) -> dict[tuple[str, ...], list[Record]]:
-    """Records per key, keys ordered by each field's first appearance (so labels keep the order runs were given)."""
-    groups: dict[tuple[str, ...], list[Record]] = {}
-    first_seen: list[dict[str, int]] = [{} for _ in by]
-    for rec in records:
-        key = tuple(key_value(rec, f) for f in by)
-        for seen, v in zip(first_seen, key, strict=True):
-            seen.setdefault(v, len(seen))
-        groups.setdefault(key, []).append(rec)
-    return dict(sorted(groups.items(), key=lambda kv: [s[v] for s, v in zip(first_seen, kv[0], strict=True)]))
-
-
 class Grouping(Generic[T]):
-    """Accumulators per group of items, keys in order of each field's first appearance (as ``group_records``)."""
+    """Accumulators per group of records, keys in order of each field's first appearance."""
 
     def __init__(self, by: Sequence[str], make: Callable[[], T]) -> None:
         unknown = [f for f in by if f not in GROUP_FIELDS]
@@ -42,8 +29,7 @@ class Grouping(Generic[T]):
         self.groups: dict[tuple[str, ...], T] = {}
         self.first_seen: list[dict[str, int]] = [{} for _ in by]
 
-    def get(self, item: Item) -> T:
-        rec = item.rec
+    def get(self, rec: Record) -> T:
         key = tuple(key_value(rec, f) for f in self.by)
         acc = self.groups.get(key)
         if acc is None:
@@ -54,3 +40,11 @@ class Grouping(Generic[T]):
 
     def ordered(self) -> list[tuple[tuple[str, ...], T]]:
         return sorted(self.groups.items(), key=lambda kv: [s[v] for s, v in zip(self.first_seen, kv[0], strict=True)])
+
+
+def group_records(records: Iterable[Record], by: Sequence[str]) -> dict[tuple[str, ...], list[Record]]:
+    """Records per key, in :class:`Grouping`'s order, for the models that need a group's records themselves."""
+    grouping: Grouping[list[Record]] = Grouping(by, list)
+    for rec in records:
+        grouping.get(rec).append(rec)
+    return dict(grouping.ordered())

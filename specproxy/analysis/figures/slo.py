@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from specproxy.analysis.figures.records import RunSpan
 from specproxy.core.record import Record
 
 TARGETS = ("ttft", "tpot", "e2e")
@@ -105,21 +106,46 @@ class Goodput:
     tokens_per_s: float | None
 
 
-def goodput(records: Sequence[Record], slo: SloSpec) -> Goodput:
+class GoodputCount:
+    """The requests judged against an SLO and those meeting it, added one record at a time; :meth:`result` over the
+    span they ran in (:class:`specproxy.analysis.figures.records.RunSpan`)."""
+
+    __slots__ = ("good", "good_tokens", "judged")
+
+    def __init__(self) -> None:
+        self.judged = self.good = 0
+        self.good_tokens = 0
+
+    def add(self, rec: Record, slo: SloSpec) -> None:
+        if slo.for_workload(rec["workload"]) is not None:
+            self.judged += 1
+            if slo.met_by(rec):
+                self.good += 1
+                self.good_tokens += rec["completion_tokens"] or 0
+
+    def merge(self, other: GoodputCount) -> None:
+        self.judged += other.judged
+        self.good += other.good
+        self.good_tokens += other.good_tokens
+
+    def result(self, span_s: float) -> Goodput:
+        if not self.judged:
+            return Goodput(None, None, None)
+        return Goodput(
+            attainment=self.good / self.judged,
+            requests_per_s=self.good / span_s if span_s > 0 else None,
+            tokens_per_s=self.good_tokens / span_s if span_s > 0 else None,
+        )
+
+
+def goodput(records: Iterable[Record], slo: SloSpec) -> Goodput:
     """Over ``records`` (one partition): the share meeting the SLO, and goodput over the run's wall-clock span.
     Only requests that have an SLO (their workload's, or the default) count."""
-    judged = [r for r in records if slo.for_workload(r["workload"]) is not None]
-    if not judged:
-        return Goodput(None, None, None)
-    good = [r for r in judged if slo.met_by(r)]
-    spans = [(s, s + e) for r in records if (s := r["started_at"]) is not None and (e := r["e2e_s"]) is not None]
-    span = max(b for _, b in spans) - min(a for a, _ in spans) if spans else 0.0
-    tokens = sum(r["completion_tokens"] or 0 for r in good)
-    return Goodput(
-        attainment=len(good) / len(judged),
-        requests_per_s=len(good) / span if span > 0 else None,
-        tokens_per_s=tokens / span if span > 0 else None,
-    )
+    count, run = GoodputCount(), RunSpan()
+    for rec in records:
+        count.add(rec, slo)
+        run.add(rec)
+    return count.result(run.span_s())
 
 
 # -- which latency percentiles a report computes -------------------------------------------------------------------

@@ -48,7 +48,7 @@ class ChartInput:
         if self.only_generating and not generates(rec):
             return
         self.items += 1
-        self.by_wl.get(item).add(item, batch)
+        self.by_wl.get(item.rec).add(item, batch)
         key = tuple(key_value(rec, f) for f in self.group_by)
         lat = self.latency.get(key)
         if lat is None:
@@ -67,7 +67,8 @@ class ChartInput:
             spans[1].append(start + e2e)
 
     def in_flight(self, label: str) -> list[tuple[float, float]]:
-        """As :func:`specproxy.analysis.report.aggregate.in_flight`, thinned to at most MAX_TIMELINE_POINTS points."""
+        """Requests in flight over time, a step function ``[(seconds since the first start, count)]`` (ends before
+        starts at the same instant), thinned to at most MAX_TIMELINE_POINTS points."""
         starts, ends = (np.frombuffer(a, dtype=np.float64) for a in self.spans.get(label, (array("d"), array("d"))))
         if not len(starts):
             return []

@@ -24,9 +24,9 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from specproxy.analysis.figures.records import request_rates
 from specproxy.analysis.figures.sketch import FloatArray, Quantiles
 from specproxy.core.record import Record, RecordError, as_record, parse_line, upgrade
-from specproxy.core.stats import decode_tok_s
 
 _KEY = b'"chunks":['
 _NUMERIC = b"0123456789.,eE+-[]"
@@ -67,15 +67,12 @@ def item_of(rec: Record) -> Item:
 
 
 def _with_rates(rec: Record, seg: bytes, chunks: Sequence[tuple[float, int]] | None) -> Item:
-    tok_s, tpot_s = rec["decode_tok_s"], rec["tpot_s"]
-    if (tok_s is None or tpot_s is None) and seg:
-        if chunks is None:
-            chunks = typed_chunks(seg)
-        rate = decode_tok_s(chunks)
-        if tok_s is None:
-            tok_s = rate
-        if tpot_s is None:
-            tpot_s = 1.0 / rate if rate else None
+    def typed() -> Sequence[tuple[float, int]]:
+        if chunks is not None:
+            return chunks
+        return typed_chunks(seg) if seg else []
+
+    tok_s, tpot_s = request_rates(rec, typed)
     return Item(rec, seg, tok_s, tpot_s)
 
 

@@ -1,32 +1,33 @@
 """The report's figures in one pass: per-group accumulators fed record by record, in bounded memory.
 
-The same figures as :mod:`specproxy.analysis.report.aggregate` (which computes them from lists of records and stays
-the exact reference), with the same definitions: latency and decode-rate figures from requests that finished ``ok``,
-counts over every request, one partition per (``run_id``, ``repeat``) when records carry a repeat index and the
-median over partitions with the min-max spread. What changes is that nothing holds the records: each group keeps
-counters, sums and a :class:`specproxy.analysis.figures.sketch.Quantiles` per latency figure (exact up to
-:data:`specproxy.analysis.figures.sketch.EXACT_LIMIT` values, a DDSketch within 0.5% beyond), and chunk timelines
-reach the groups through :class:`specproxy.analysis.inputs.scan.ChunkBatch`.
+Latency and decode-rate figures use requests that finished ``ok``; counts cover every request. When records carry a
+``repeat`` index, every scalar figure is computed once per repeat (one partition per ``run_id`` and ``repeat``) and
+reported as the median over repeats with the min-max spread: the published method (one warm-up, then five measured
+runs, medians). Per-position acceptance and histograms are pooled over all repeats. Nothing holds the records: each
+group keeps counters, sums and a :class:`specproxy.analysis.figures.sketch.Quantiles` per latency figure (exact up
+to :data:`specproxy.analysis.figures.sketch.EXACT_LIMIT` values, a DDSketch within 0.5% beyond), and chunk timelines
+reach the groups through :class:`specproxy.analysis.inputs.scan.ChunkBatch`. Records already in memory go through
+the same pass (:func:`build_report`): there is one implementation of the report's figures.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from specproxy.analysis.figures.acceptance import AcceptancePool
 from specproxy.analysis.figures.groups import DEFAULT_GROUP_BY, Grouping
-from specproxy.analysis.figures.records import is_ok, key_value
+from specproxy.analysis.figures.records import RunSpan, is_ok, key_value
 from specproxy.analysis.figures.sketch import Quantiles
-from specproxy.analysis.figures.slo import FigureSpec, percentile_name
-from specproxy.analysis.inputs.scan import ChunkBatch, GapSink, Item, StepSink
+from specproxy.analysis.figures.slo import FigureSpec, GoodputCount, percentile_name
+from specproxy.analysis.inputs.scan import ChunkBatch, GapSink, Item, StepSink, item_of
 from specproxy.analysis.report.model import DEFAULT_SPEC, Figure, GroupReport, Report, combine
 from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
+from specproxy.core.record import Record
 
 
 class PartAcc:
-    """One partition's figures (:func:`specproxy.analysis.report.aggregate.scalar_figures`), accumulated."""
+    """One partition's scalar figures, accumulated."""
 
     __slots__ = (
         "accepted",
@@ -35,17 +36,12 @@ class PartAcc:
         "draft_tokens",
         "drafts",
         "e2e",
-        "first_start",
         "good",
-        "good_tokens",
         "itl",
-        "judged",
-        "last_end",
         "prompt",
-        "spans",
+        "run",
         "step",
         "tok_s",
-        "tokens",
         "tpot",
         "ttft",
     )
@@ -53,11 +49,9 @@ class PartAcc:
     def __init__(self) -> None:
         self.tok_s, self.ttft, self.tpot, self.e2e = Quantiles(), Quantiles(), Quantiles(), Quantiles()
         self.itl, self.step = Quantiles(), Quantiles()
-        self.first_start, self.last_end, self.spans = math.inf, -math.inf, 0
-        self.tokens = 0.0
+        self.run = RunSpan()
         self.accepted = self.drafts = self.draft_tokens = 0.0
-        self.judged = self.good = 0
-        self.good_tokens = 0
+        self.good = GoodputCount()
         self.prompt = self.cached = 0.0  # prompt tokens of finished requests, and those the prefix cache served
         self.cached_known = 0  # requests whose engine said how many were cached
 
@@ -77,22 +71,14 @@ class PartAcc:
                 if (c := rec["cached_tokens"]) is not None:
                     self.cached += c
                     self.cached_known += 1
-        s, e = rec["started_at"], rec["e2e_s"]
-        if s is not None and e is not None:
-            self.spans += 1
-            self.first_start = min(self.first_start, s)
-            self.last_end = max(self.last_end, s + e)
-        self.tokens += rec["completion_tokens"] or 0.0
+        self.run.add(rec)
         block = rec["spec"]
         if block is not None:
             self.accepted += block["accepted"] or 0.0
             self.drafts += block["drafts"] or 0.0
             self.draft_tokens += block["draft_tokens"] or 0.0
-        if spec.slo is not None and spec.slo.for_workload(rec["workload"]) is not None:
-            self.judged += 1
-            if spec.slo.met_by(rec):
-                self.good += 1
-                self.good_tokens += rec["completion_tokens"] or 0
+        if spec.slo is not None:
+            self.good.add(rec, spec.slo)
 
     def gap_targets(self) -> tuple[Quantiles, Quantiles | None]:
         return self.step, self.itl
@@ -100,16 +86,11 @@ class PartAcc:
     def merge(self, other: PartAcc) -> None:
         for name in ("tok_s", "ttft", "tpot", "e2e", "itl", "step"):
             getattr(self, name).merge(getattr(other, name))
-        self.first_start = min(self.first_start, other.first_start)
-        self.last_end = max(self.last_end, other.last_end)
-        self.spans += other.spans
-        self.tokens += other.tokens
+        self.run.merge(other.run)
         self.accepted += other.accepted
         self.drafts += other.drafts
         self.draft_tokens += other.draft_tokens
-        self.judged += other.judged
-        self.good += other.good
-        self.good_tokens += other.good_tokens
+        self.good.merge(other.good)
         self.prompt += other.prompt
         self.cached += other.cached
         self.cached_known += other.cached_known
@@ -120,10 +101,9 @@ class PartAcc:
     def figures(
         self, spec: FigureSpec, rates: tuple[float | None, float | None] | None = None
     ) -> dict[str, float | None]:
-        span = self.last_end - self.first_start if self.spans else 0.0
         out: dict[str, float | None] = {
             "decode_tok_s_p50": self.tok_s.percentile(50.0),
-            "output_tok_s": self.tokens / span if self.spans and span > 0 else None,
+            "output_tok_s": self.run.output_tok_s(),
         }
         samples = self.samples()
         for metric, ps in spec.percentiles.items():
@@ -138,12 +118,8 @@ class PartAcc:
         # engines say nothing when nothing was cached (vLLM), so the share counts once any request said something
         out["prompt_cached_share"] = self.cached / self.prompt if self.cached_known and self.prompt > 0 else None
         if spec.slo is not None:
-            ok_span = span > 0
-            out.update(
-                slo_attainment=self.good / self.judged if self.judged else None,
-                goodput_req_s=self.good / span if self.judged and ok_span else None,
-                goodput_tok_s=self.good_tokens / span if self.judged and ok_span else None,
-            )
+            gp = self.good.result(self.run.span_s())
+            out.update(slo_attainment=gp.attainment, goodput_req_s=gp.requests_per_s, goodput_tok_s=gp.tokens_per_s)
         return out
 
 
@@ -232,7 +208,7 @@ class ReportBuilder:
         self.grouping: Grouping[GroupAcc] = Grouping(by, lambda: GroupAcc(spec))
 
     def add(self, item: Item, batch: ChunkBatch) -> None:
-        self.grouping.get(item).add(item, batch)
+        self.grouping.get(item.rec).add(item, batch)
 
     def build(self) -> Report:
         by = self.grouping.by
@@ -260,3 +236,10 @@ def stream_report(
     batch.flush()
     report = builder.build()
     return report, report.quantiles_exact
+
+
+def build_report(
+    records: Iterable[Record], by: Sequence[str] = DEFAULT_GROUP_BY, spec: FigureSpec = DEFAULT_SPEC
+) -> Report:
+    """The report of records already in memory (``run``'s summary, ``matrix``): the same one pass, over them."""
+    return stream_report(map(item_of, records), by, spec)[0]

@@ -1,5 +1,6 @@
-"""How fast, and in how much memory, ``specproxy report`` reads N records: the streaming pass against the in-memory
-reference, side by side, on a synthetic file written as the sink writes it.
+"""How fast, and in how much memory, ``specproxy report`` reads N records: the streaming pass over the file against
+the records read whole into memory first and then given to the same pass (as ``run``'s summary and ``matrix`` give
+them), side by side, on a synthetic file written as the sink writes it.
 
     python -m specproxy.analysis.report.benchmark 1000000     # writes /tmp/specproxy-bench/records-1000000.jsonl once
     python -m specproxy.analysis.report.benchmark 100000 --old-max 100000 --files 4 --compress gz,zst,,
@@ -26,7 +27,7 @@ from typing import Any
 from specproxy.analysis.figures.sketch import RELATIVE_ERROR
 from specproxy.analysis.inputs.synth import write_synth
 from specproxy.analysis.report import render
-from specproxy.analysis.report.aggregate import build_report
+from specproxy.analysis.report.accum import build_report
 
 
 def _old(path: Path) -> dict[str, Any]:

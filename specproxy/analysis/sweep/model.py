@@ -17,17 +17,16 @@ from specproxy.analysis.compare.model import choose_baseline
 from specproxy.analysis.figures.acceptance import pool_acceptance
 from specproxy.analysis.figures.confidence import (
     Interval,
+    acceptance_interval,
     bootstrap_many,
-    pooled_ratio,
     ratio_of_medians,
     speedup_verdict,
 )
 from specproxy.analysis.figures.groups import group_records
 from specproxy.analysis.figures.inflight import decode_in_flight
 from specproxy.analysis.figures.pairing import body_key
-from specproxy.analysis.figures.records import generates, is_ok, request_tok_s, values
+from specproxy.analysis.figures.records import generates, is_ok, output_tok_s, request_tok_s, values
 from specproxy.analysis.figures.slo import Goodput, SloSpec, goodput
-from specproxy.analysis.report.aggregate import output_tok_s
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
@@ -143,15 +142,6 @@ def speedup_interval(base: Sequence[Record], mine: Sequence[Record]) -> tuple[In
 def _paired_ratio(draw: list[list[tuple[float, float]]]) -> list[float | None]:
     mb, mm = median([x for x, _ in draw[0]]), median([y for _, y in draw[0]])
     return [mm / mb if mb and mm is not None else None]
-
-
-def acceptance_interval(records: Sequence[Record]) -> Interval | None:
-    pairs = [
-        (spec["accepted"] or 0.0, spec["draft_tokens"] or 0.0)
-        for r in records
-        if (spec := r["spec"]) is not None and spec["source"] is not None
-    ]
-    return pooled_ratio(pairs) if any(d for _, d in pairs) else None
 
 
 def _row(

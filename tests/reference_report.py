@@ -1,9 +1,11 @@
-"""The report's figures: records grouped (by workload and label by default), each group summarised.
+"""The report's figures from lists of records: the reference the one streaming pass
+(:mod:`specproxy.analysis.report.accum`) is held to, kept here only, written the plain way (every value in a list,
+sorted percentiles) so that it is easy to check by eye.
 
-Latency and decode-rate figures use requests that finished ``ok``; counts cover every request. When records carry a
-``repeat`` index, every scalar figure is computed once per repeat (one partition per ``run_id`` and ``repeat``) and
-reported as the median over repeats with the min-max spread: the published method (one warm-up, then five measured
-runs, medians). Per-position acceptance and histograms are pooled over all repeats. Pure: records in, figures out.
+Latency and decode-rate figures use requests that finished ``ok``; counts cover every request; with repeat indexes,
+every scalar figure per (``run_id``, ``repeat``) partition and the median over them. Inter-step gaps leave out
+engines that stream one event per token (no step to see); the streaming pass does not, which only matters for records
+flagged ``chunks_not_steps_engine``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,25 @@ from collections.abc import Iterable, Sequence
 
 from specproxy.analysis.figures.acceptance import pool_acceptance
 from specproxy.analysis.figures.groups import DEFAULT_GROUP_BY, GROUP_FIELDS, group_records
-from specproxy.analysis.figures.records import PER_TOKEN_FLAG, is_ok, key_value, request_tok_s, request_tpot_s, values
+from specproxy.analysis.figures.records import PER_TOKEN_FLAG, is_ok, key_value, values
 from specproxy.analysis.figures.slo import FigureSpec, goodput, percentile_name
 from specproxy.analysis.report.model import DEFAULT_SPEC, GroupReport, Report, combine
 from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
 from specproxy.core.record import Record
-from specproxy.core.stats import median, percentile, step_and_token_gaps
+from specproxy.core.stats import decode_tok_s, median, percentile, step_and_token_gaps
+
+
+def request_tok_s(rec: Record) -> float | None:
+    v = rec["decode_tok_s"]
+    return v if v is not None else decode_tok_s(rec["chunks"])
+
+
+def request_tpot_s(rec: Record) -> float | None:
+    v = rec["tpot_s"]
+    if v is not None:
+        return v
+    rate = decode_tok_s(rec["chunks"])
+    return 1.0 / rate if rate else None
 
 
 def partitions(records: Sequence[Record]) -> list[list[Record]]:
