@@ -26,13 +26,14 @@ REAL_TEST_TIMEOUT_S = 300
 UNIT_MODULES = frozenset(
     {
         "test_analysis_advise",
-        "test_buffering",
         "test_analysis_compare",
-        "test_analysis_confidence",
         "test_analysis_export",
+        "test_analysis_figures_buffering",
+        "test_analysis_figures_confidence",
         "test_analysis_report",
+        "test_analysis_report_stream",
         "test_analysis_roofline",
-        "test_analysis_stream",
+        "test_analysis_tables_escape",
         "test_attribution_choice",
         "test_attribution_counts",
         "test_attribution_estimates",
@@ -47,17 +48,16 @@ UNIT_MODULES = frozenset(
         "test_core_schema",
         "test_core_sse",
         "test_core_stream",
-        "test_otlp_proto",
         "test_http1",
         "test_layout",
         "test_loadgen_plan",
+        "test_otlp_proto",
         "test_proxy_events",
         "test_redact",
-        "test_render_escape",
         "test_run_summary",
-        "test_upstream_parser",
         "test_schedule",
         "test_sink",
+        "test_upstream_parser",
     }
 )
 

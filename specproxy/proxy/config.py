@@ -8,7 +8,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from specproxy.analysis.slo import SloSpec
+from specproxy.analysis.figures.slo import SloSpec
 from specproxy.core.workload_rules import Rule
 from specproxy.recorder.config import OtlpConfig
 from specproxy.recorder.recorder import RecorderConfig
