@@ -15,10 +15,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from specproxy.analysis import render_advise, render_compare
-from specproxy.analysis.advise import Advice, build_advice
-from specproxy.analysis.advise_measured import measured_rows, with_measurements
-from specproxy.analysis.compare import Comparison, build_comparison
+from specproxy.analysis.advise import render as render_advise
+from specproxy.analysis.advise.gather import build_advice
+from specproxy.analysis.advise.measured import measured_rows, with_measurements
+from specproxy.analysis.advise.model import Advice
+from specproxy.analysis.compare import render as render_compare
+from specproxy.analysis.compare.model import Comparison, build_comparison
 from specproxy.analysis.tables import render_text
 from specproxy.core.record import Record, read_records
 from specproxy.loadgen.plan import BodyOptions

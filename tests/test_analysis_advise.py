@@ -10,19 +10,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specproxy.analysis.acceptance import conditional_rates, expected_tokens_per_step
-from specproxy.analysis.advise import (
-    WARN_BROKEN_HEAD,
-    CostModel,
-    build_advice,
-    cost_model,
-    fit_cost,
-    predict,
-    recommend,
-    step_points,
-)
-from specproxy.analysis.advise_measured import measured_rows, with_measurements
-from specproxy.analysis.render_advise import advise_json, advise_tables
+from specproxy.analysis.advise.gather import AdviseInput, build_advice
+from specproxy.analysis.advise.measured import measured_rows, with_measurements
+from specproxy.analysis.advise.model import WARN_BROKEN_HEAD, CostModel, cost_model, fit_cost, predict, recommend
+from specproxy.analysis.advise.render import advise_json, advise_tables
+from specproxy.analysis.figures.acceptance import conditional_rates, expected_tokens_per_step
+from specproxy.analysis.inputs.scan import ChunkBatch, item_of
 from specproxy.analysis.tables import render_text
 from specproxy.commands.analysis import register
 from specproxy.core.record import Record
@@ -190,7 +183,11 @@ def test_step_times_come_from_the_engine_figures_when_chunks_merge() -> None:
     for rec in [*runs, *base]:
         chunks = rec["chunks"]
         rec["chunks"] = [(chunks[i - 1][0] if i % 2 == 0 and i > 1 else t, n) for i, (t, n) in enumerate(chunks)]
-    assert step_points(base) == [(0, pytest.approx(0.01))]
+    gather, batch = AdviseInput(), ChunkBatch()
+    for rec in base:
+        gather.add(item_of(rec), batch, baseline=True)
+    batch.flush()
+    assert gather.points() == [(0, pytest.approx(0.01))]
     advice = build_advice(runs, base)
     assert advice.cost.source == "fitted"
     assert advice.cost.base_step_s == pytest.approx(0.01)

@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specproxy.analysis.compare import build_comparison
-from specproxy.analysis.render_compare import compare_json, compare_tables
+from specproxy.analysis.compare.model import build_comparison
+from specproxy.analysis.compare.render import compare_json, compare_tables
 from specproxy.commands.analysis import register
 from specproxy.core.record import Record
 from tests.analysisutil import baseline_records, make_record, write_run

@@ -14,7 +14,7 @@ from analysisutil import make_record, profile_records, write_run
 from typer.testing import CliRunner
 
 from specproxy.analysis import export as export_mod
-from specproxy.analysis.inputs import read_runs
+from specproxy.analysis.inputs.runs import read_runs
 from specproxy.commands.export import register
 from specproxy.core.record import Record
 

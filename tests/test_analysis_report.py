@@ -13,8 +13,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specproxy.analysis.acceptance import pool_acceptance
-from specproxy.analysis.aggregate import build_report, in_flight
+from specproxy.analysis.figures.acceptance import pool_acceptance
+from specproxy.analysis.html.gather import ChartInput
+from specproxy.analysis.inputs.scan import ChunkBatch, item_of
+from specproxy.analysis.report.accum import build_report
 from specproxy.commands.analysis import register
 from specproxy.core.record import Record, parse_line
 from tests.analysisutil import T0, make_record, write_run
@@ -124,9 +126,13 @@ def test_in_flight_steps_up_and_down() -> None:
         make_record("a", plain_steps=2, started_at=T0, step_s=0.5),  # ends at 1.051
         make_record("b", plain_steps=2, started_at=T0 + 0.5, step_s=0.5),  # 0.5 .. 1.551
     ]
-    levels = [n for _, n in in_flight(recs)]
-    assert levels == [0, 1, 2, 1, 0]
-    assert max(t for t, _ in in_flight(recs)) == pytest.approx(1.551)
+    charts, batch = ChartInput(("workload", "label")), ChunkBatch()
+    for rec in recs:
+        charts.add(item_of(rec), batch)
+    batch.flush()
+    points = charts.in_flight(recs[0]["label"] or "")
+    assert [n for _, n in points] == [0, 1, 2, 1, 0]
+    assert max(t for t, _ in points) == pytest.approx(1.551)
 
 
 def test_report_formats(tmp_path: Path) -> None:
@@ -209,8 +215,8 @@ def test_newer_schema_is_refused_clearly(tmp_path: Path) -> None:
 
 
 def test_records_timed_off_the_engines_clock_are_counted_and_told(tmp_path: Path) -> None:
-    from specproxy.analysis.accum import stream_report
-    from specproxy.analysis.inputs import read_runs
+    from specproxy.analysis.inputs.runs import read_runs
+    from specproxy.analysis.report.accum import stream_report
 
     off = ["decode_rate_off_engine"]
     recs = [make_record(f"r{i}", accepted=[1, 2], k=3, flags=off if i < 2 else ()) for i in range(3)]

@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
+from specproxy.analysis.roofline.model import parse_bytes, parse_count, roofline
 from specproxy.commands import analysis
 from specproxy.commands import roofline as roofline_cmd
 from tests.analysisutil import make_record, write_run

@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from reference_report import gaps
 
-from specproxy.analysis.aggregate import gaps
 from tests.proxyutil import RunningProxy, running_proxy
 from tests.simutil import CODE_PROMPT, running_sim
 

@@ -19,7 +19,7 @@ import aiohttp
 import openai
 import pytest
 
-from specproxy.analysis.compare import build_comparison
+from specproxy.analysis.compare.model import build_comparison
 from specproxy.analysis.tables import fmt_pct
 from specproxy.core.prom import SpecCounters, gauge, parse_snapshot, spec_counters
 from specproxy.core.record import Record, as_record, read_records

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from specproxy.analysis.confidence import Interval
+from specproxy.analysis.figures.confidence import Interval
 from specproxy.shadow.pairs import PairBook, pair_of, parted_at, text_verdict
 from specproxy.shadow.sample import Sampler, is_greedy
 from specproxy.shadow.verdicts import Guard, lossless, summarize, summarize_pairs, verdict

@@ -13,8 +13,11 @@ from proxyutil import running_proxy
 from simutil import CODE_PROMPT, JA_PROMPT, chat_body, running_sim
 from test_cli import main
 
-from specproxy.analysis.advise_measured import measured_rows
-from specproxy.analysis.batchcost import (
+from specproxy.analysis.advise.measured import measured_rows
+from specproxy.analysis.figures.confidence import RUN_DRIFT, speedup_verdict
+from specproxy.analysis.figures.inflight import InFlight, decode_in_flight
+from specproxy.analysis.figures.slo import parse_slo
+from specproxy.analysis.sweep.batchcost import (
     KRange,
     bucket_of,
     bucket_range,
@@ -22,10 +25,7 @@ from specproxy.analysis.batchcost import (
     disable_by_batch_size,
     vllm_schedule,
 )
-from specproxy.analysis.confidence import RUN_DRIFT, speedup_verdict
-from specproxy.analysis.inflight import InFlight, decode_in_flight
-from specproxy.analysis.slo import parse_slo
-from specproxy.analysis.sweep import build_sweep
+from specproxy.analysis.sweep.model import build_sweep
 from specproxy.core.record import read_records
 from specproxy.loadgen.plan import BodyOptions
 from specproxy.loadgen.runner import LoadSpec

@@ -11,8 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from specproxy.analysis.batchcost import build_batch_advice
-from specproxy.analysis.sweep import build_sweep
+from specproxy.analysis.sweep.batchcost import build_batch_advice
+from specproxy.analysis.sweep.model import build_sweep
 from specproxy.commands.sweep import analyse, render
 from specproxy.core.record import read_records
 from specproxy.sim import SimConfig, costs

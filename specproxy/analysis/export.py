@@ -4,7 +4,7 @@ Parquet goes through pyarrow (``pip install 'specproxy[export]'``), in row group
 is one row group whatever the run's size; CSV needs nothing beyond Python. Chunk timings are optional: ``list``
 (Parquet only) adds two list columns to each row (``chunk_offsets_s``, ``chunk_tokens``), ``table`` writes a second
 file beside the first with one row per chunk (``request_id``, ``chunk``, ``offset_s``, ``tokens``). The IO module of
-the export (with :mod:`.inputs` for reading).
+the export (with :mod:`.inputs.runs` for reading).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from specproxy.analysis.scan import Item, typed_chunks
+from specproxy.analysis.inputs.scan import Item, typed_chunks
 from specproxy.core.record import Record
 
 FORMATS = ("parquet", "csv")

@@ -1,7 +1,7 @@
 """The analysis commands: ``report``, ``compare``, ``advise`` and ``roofline``.
 
 Each command parses its options into a frozen config, validates it (a bad value is a one-line error, exit 2), then
-reads the runs once, as a stream (:func:`specproxy.analysis.inputs.read_runs`), into the accumulators of
+reads the runs once, as a stream (:func:`specproxy.analysis.inputs.runs.read_runs`), into the accumulators of
 :mod:`specproxy.analysis` and renders what they add up to: memory stays bounded whatever the runs' size. Reading is
 synchronous: these commands have no network IO, so they don't go through the event loop.
 """
@@ -14,18 +14,21 @@ from typing import Annotated
 
 import typer
 
-from specproxy.analysis import render, render_advise, render_compare
-from specproxy.analysis.accum import ReportBuilder
-from specproxy.analysis.advise import DEFAULT_MAX_K
-from specproxy.analysis.advise_input import MAX_DETAIL_RECORDS, AdviseInput
-from specproxy.analysis.advise_measured import measured_rows, with_measurements
-from specproxy.analysis.aggregate import DEFAULT_GROUP_BY, DEFAULT_SPEC, GROUP_FIELDS
-from specproxy.analysis.batchcost import build_batch_advice
-from specproxy.analysis.buffering import BufferingInput
-from specproxy.analysis.compare import METRICS, ComparisonBuilder
-from specproxy.analysis.html import render_html
-from specproxy.analysis.html_input import ChartInput
-from specproxy.analysis.slo import FigureSpec, SloSpec, parse_percentiles, parse_slo
+from specproxy.analysis.advise import render as render_advise
+from specproxy.analysis.advise.gather import MAX_DETAIL_RECORDS, AdviseInput
+from specproxy.analysis.advise.measured import measured_rows, with_measurements
+from specproxy.analysis.advise.model import DEFAULT_MAX_K
+from specproxy.analysis.compare import render as render_compare
+from specproxy.analysis.compare.model import METRICS, ComparisonBuilder
+from specproxy.analysis.figures.buffering import BufferingInput
+from specproxy.analysis.figures.groups import DEFAULT_GROUP_BY, GROUP_FIELDS
+from specproxy.analysis.figures.slo import FigureSpec, SloSpec, parse_percentiles, parse_slo
+from specproxy.analysis.html.gather import ChartInput
+from specproxy.analysis.html.page import render_html
+from specproxy.analysis.report import render
+from specproxy.analysis.report.accum import ReportBuilder
+from specproxy.analysis.report.model import DEFAULT_SPEC
+from specproxy.analysis.sweep.batchcost import build_batch_advice
 from specproxy.analysis.tables import render_md, render_text
 from specproxy.commands.common import TABLE_FORMATS, as_json, choice, command, emit, fail, scan_runs, tabular
 from specproxy.commands.options import OutputOpt

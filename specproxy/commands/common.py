@@ -24,8 +24,8 @@ import orjson
 import typer
 import uvloop
 
-from specproxy.analysis.inputs import InputError, read_runs, worth_a_second_process
-from specproxy.analysis.scan import ChunkBatch, Item
+from specproxy.analysis.inputs.runs import InputError, read_runs, worth_a_second_process
+from specproxy.analysis.inputs.scan import ChunkBatch, Item
 from specproxy.analysis.tables import Table, render_csv, render_md, render_text
 from specproxy.exitcodes import EXIT_SIGINT, EXIT_USAGE
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from specproxy.analysis.export import CHUNKS, FORMATS, ExportError, export
-from specproxy.analysis.inputs import InputError, read_runs
+from specproxy.analysis.inputs.runs import InputError, read_runs
 from specproxy.commands.common import command, fail
 
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from specproxy.analysis.slo import parse_slo
+from specproxy.analysis.figures.slo import parse_slo
 from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
 from specproxy.commands.options import EngineOpt, KOpt, TokenizerOpt, check_engine
 from specproxy.core.errors import shown_url

@@ -9,12 +9,12 @@ from typing import Annotated
 
 import typer
 
-from specproxy.analysis import render_advise
-from specproxy.analysis.accum import Grouping
-from specproxy.analysis.aggregate import DEFAULT_GROUP_BY, is_ok
-from specproxy.analysis.roofline import parse_bytes, parse_count, roofline
-from specproxy.analysis.scan import Item
-from specproxy.analysis.sketch import Quantiles
+from specproxy.analysis.figures.groups import DEFAULT_GROUP_BY, Grouping
+from specproxy.analysis.figures.records import is_ok
+from specproxy.analysis.figures.sketch import Quantiles
+from specproxy.analysis.inputs.scan import Item
+from specproxy.analysis.roofline import render as render_roofline
+from specproxy.analysis.roofline.model import parse_bytes, parse_count, roofline
 from specproxy.commands.common import TABLE_FORMATS, choice, command, emit, fail, scan_runs, tabular
 from specproxy.commands.options import OutputOpt
 from specproxy.core.record import number
@@ -50,7 +50,7 @@ class _Rates:
 def _measurements(paths: Sequence[Path]) -> list[tuple[str, float | None, float | None]]:
     """(workload / label, median decode tok/s, median recorded read bytes per token) per group."""
     grouping = Grouping(DEFAULT_GROUP_BY, _Rates)
-    scan_runs(paths, lambda item, batch: grouping.get(item).add(item))
+    scan_runs(paths, lambda item, batch: grouping.get(item.rec).add(item))
     out: list[tuple[str, float | None, float | None]] = []
     for key, r in grouping.ordered():
         rb = r.read_bytes.percentile(50.0)
@@ -70,13 +70,13 @@ def run_roofline(cfg: RooflineConfig) -> None:
         measured.append(("given", cfg.measured_tok_s, None))
     if cfg.runs:
         measured.extend(_measurements(cfg.runs))
-    rows = render_advise.roofline_rows(r, measured)
+    rows = render_roofline.roofline_rows(r, measured)
     emit(
         tabular(
             cfg.format,
-            render_advise.roofline_tables(r, rows),
-            (render_advise.ROOFLINE_HEADERS, rows),
-            render_advise.roofline_json(r, rows),
+            render_roofline.roofline_tables(r, rows),
+            (render_roofline.ROOFLINE_HEADERS, rows),
+            render_roofline.roofline_json(r, rows),
         ),
         cfg.output,
     )

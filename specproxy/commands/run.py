@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from specproxy.analysis.inputs import InputError, read_run
+from specproxy.analysis.inputs.runs import InputError, read_run
 from specproxy.commands.common import CommandError, command, fail, run_async
 from specproxy.commands.options import (
     ApiKeyOpt,

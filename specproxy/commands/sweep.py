@@ -17,12 +17,12 @@ from pathlib import Path
 import orjson
 import typer
 
-from specproxy.analysis.batchcost import BatchAdvice, build_batch_advice
-from specproxy.analysis.html import render_sweep_html
-from specproxy.analysis.inputs import InputError, read_records_of
-from specproxy.analysis.render_sweep import answer_lines, batch_tables, sweep_json, sweep_tables
-from specproxy.analysis.slo import SloSpec, parse_slo
-from specproxy.analysis.sweep import SweepResult, build_sweep
+from specproxy.analysis.figures.slo import SloSpec, parse_slo
+from specproxy.analysis.html.page import render_sweep_html
+from specproxy.analysis.inputs.runs import InputError, read_records_of
+from specproxy.analysis.sweep.batchcost import BatchAdvice, build_batch_advice
+from specproxy.analysis.sweep.model import SweepResult, build_sweep
+from specproxy.analysis.sweep.render import answer_lines, batch_tables, sweep_json, sweep_tables
 from specproxy.analysis.tables import render_md, render_text
 from specproxy.commands.common import CommandError, command, fail, run_async
 from specproxy.commands.options import check_writable, workloads_option

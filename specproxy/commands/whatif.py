@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
-from specproxy.analysis.advise import DEFAULT_DRAFT_COST
+from specproxy.analysis.advise.model import DEFAULT_DRAFT_COST
 from specproxy.commands.common import command, fail
 from specproxy.core.record import read_records
 from specproxy.whatif.ngram import Replay, replay

@@ -1,7 +1,7 @@
 """The end-of-run summary: ``specproxy report`` grouped by workload, formatted short, plus send lag and what was not
 sent. Pure.
 
-The figures are the report's own (:func:`specproxy.analysis.aggregate.build_report`): with ``--repeat N`` every
+The figures are the report's own (:func:`specproxy.analysis.report.accum.build_report`): with ``--repeat N`` every
 figure is computed per repeat and the row shows the median over repeats (the published method: one warm-up, then
 five measured runs, medians); a second table gives each workload's decode tok/s and acceptance as median (min-max)
 over repeats. Latency and decode figures use requests that finished ``ok``.
@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from specproxy.analysis.aggregate import Figure, GroupReport, build_report
+from specproxy.analysis.report.accum import build_report
+from specproxy.analysis.report.model import Figure, GroupReport
 from specproxy.core.record import Record
 from specproxy.core.stats import Summary, summarize
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from specproxy.analysis import render_advise, render_compare
-from specproxy.analysis.advise import Advice, build_advice
-from specproxy.analysis.advise_measured import measured_rows, with_measurements
-from specproxy.analysis.compare import Comparison, build_comparison, speculates
+from specproxy.analysis.advise import render as render_advise
+from specproxy.analysis.advise.gather import build_advice
+from specproxy.analysis.advise.measured import measured_rows, with_measurements
+from specproxy.analysis.advise.model import Advice
+from specproxy.analysis.compare import render as render_compare
+from specproxy.analysis.compare.model import Comparison, build_comparison, speculates
 from specproxy.analysis.tables import render_text
 from specproxy.core.record import Record
 from specproxy.matrix.spec import MatrixSpec

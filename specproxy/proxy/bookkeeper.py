@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from specproxy.analysis.buffering import BufferingTracker
+from specproxy.analysis.figures.buffering import BufferingTracker
 from specproxy.core.inference import is_inference
 from specproxy.core.otlp_proto import parse_traceparent
 from specproxy.core.request_body import inspect_body
@@ -143,7 +143,7 @@ class Bookkeeper:
     def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
         """The bookkeeper of ``cfg``, its recorder on ``session``; with ``--slo``, live SLO figures in its status;
         with ``--otlp-endpoint``, a span per record (on its own session: ``session`` carries the upstream's
-        credentials); the path's buffering verdict (:mod:`specproxy.analysis.buffering`) always."""
+        credentials); the path's buffering verdict (:mod:`specproxy.analysis.figures.buffering`) always."""
         slo = SloTracker(cfg.slo) if cfg.slo is not None else None
         otlp = SpanExporter(cfg.otlp) if cfg.otlp is not None else None
         hop = BufferingTracker()

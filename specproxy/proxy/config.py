@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from specproxy.analysis.slo import SloSpec
+from specproxy.analysis.figures.slo import SloSpec
 from specproxy.core.workload_rules import Rule
 from specproxy.recorder.config import OtlpConfig
 from specproxy.recorder.recorder import RecorderConfig

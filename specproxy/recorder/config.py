@@ -55,5 +55,5 @@ class RecorderConfig:
     tokenize_url: str | None = None
     engine: str = "auto"  # --engine: auto, vllm, sglang, ollama, llamacpp (core.dialects.engine)
     probe_url: str | None = None  # with engine auto: the upstream's base URL, probed once at start
-    # also given each record: live SLO figures (--slo), the path's buffering verdict (analysis.buffering)
+    # also given each record: live SLO figures (--slo), the path's buffering verdict (analysis.figures.buffering)
     observers: tuple[Callable[[Record], object], ...] = ()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specproxy.analysis.slo import SloSpec
+from specproxy.analysis.figures.slo import SloSpec
 from specproxy.core.record import Record
 
 

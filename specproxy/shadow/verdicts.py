@@ -3,7 +3,7 @@ how many greedy pairs were lossless, and one sentence; and the guard that stops 
 
 The two requests of a pair ran at the same moment, so the drift of a run (the machine, the hour's load) is in both
 and cancels in their ratio: the speedup's verdict needs its interval clear of 1 only, not of a run's drift as
-:func:`specproxy.analysis.confidence.speedup_verdict` does for runs one after another.
+:func:`specproxy.analysis.figures.confidence.speedup_verdict` does for runs one after another.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import collections
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from specproxy.analysis.confidence import Interval, median_of_ratios, pooled_ratio
+from specproxy.analysis.figures.confidence import Interval, median_of_ratios, pooled_ratio
 from specproxy.core.stats import median
 from specproxy.shadow.pairs import Pair
 

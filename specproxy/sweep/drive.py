@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specproxy.analysis.aggregate import generates, is_ok, output_tok_s
-from specproxy.analysis.slo import SloSpec, goodput
-from specproxy.analysis.sweep import level_tag
+from specproxy.analysis.figures.records import generates, is_ok, output_tok_s
+from specproxy.analysis.figures.slo import SloSpec, goodput
+from specproxy.analysis.sweep.model import level_tag
 from specproxy.core.record import Record, read_records
 from specproxy.loadgen.runner import LoadSpec
 from specproxy.loadgen.session import run_load
