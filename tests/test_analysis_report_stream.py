@@ -16,7 +16,6 @@ import pytest
 import typer
 import zstandard
 from analysisutil import make_record, profile_records, write_run
-from reference_report import build_report as reference_report
 from typer.testing import CliRunner
 
 from specproxy.analysis.compare.model import ComparisonBuilder
@@ -31,6 +30,7 @@ from specproxy.analysis.report.accum import build_report, stream_report
 from specproxy.commands.analysis import register
 from specproxy.core.record import parse_line, read_records
 from specproxy.core.stats import percentile
+from tests.reference_report import build_report as reference_report
 
 N = 600
 

@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from reference_report import gaps
 
 from tests.proxyutil import RunningProxy, running_proxy
+from tests.reference_report import gaps
 from tests.simutil import CODE_PROMPT, running_sim
 
 MSG = [{"role": "user", "content": CODE_PROMPT}]
