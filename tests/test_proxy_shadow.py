@@ -249,7 +249,7 @@ def test_the_shadow_cost_bench_prints_both_sides_side_by_side() -> None:
     assert p.returncode == 0, p.stderr[-2000:]
     (row,) = json.loads(p.stdout)["rows"]
     assert row["shadowing_on"]["requests"] == row["shadowing_off"]["requests"] == 6
-    assert row["shadows_sent"] == 6 and row["ttft_added_p50_ms"] is not None  # share 1: every live request
+    assert row["shadowing_on"]["shadows"] == 6 and row["ttft_added_p50_ms"] is not None  # share 1: every request
     bad = subprocess.run([sys.executable, "-m", "specproxy.bench.shadow", "--share", "0"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--share" in bad.stderr and "Traceback" not in bad.stderr

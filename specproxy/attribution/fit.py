@@ -37,6 +37,28 @@ class _Columns:
         return self.names.index(w)
 
 
+def _pinned(
+    wls: WeightedLeastSquares,
+    fit: tuple[list[list[float]], list[float]] | None,
+    combos: list[list[float]],
+    min_intervals: int,
+    max_se: float,
+) -> bool:
+    """Whether every combination of the fitted coefficients in ``combos`` has a standard error of at most
+    ``max_se``, from at least ``min_intervals`` observations (and more than the coefficients)."""
+    if fit is None or wls.observations < max(min_intervals, wls.columns + 2):
+        return False
+    a, sol = fit
+    sigma2 = wls.residual_variance(sol)
+    if sigma2 is None:
+        return False
+    for v in combos:
+        var = combination_variance(a, v, sigma2)
+        if var is None or max(0.0, var) ** 0.5 > max_se:
+            return False
+    return True
+
+
 class AcceptanceModel:
     """``remainder_j ~= sum_w (a_w * steps_{w,j} + b_w * text_{w,j})``.
 
@@ -108,21 +130,13 @@ class AcceptanceModel:
         """Whether each workload's mean accepted tokens per step is known to within :data:`MAX_SE` (one standard
         error), from at least :data:`MIN_INTERVALS` intervals."""
         n = self._wls.columns
-        fit = self._fit()
-        if fit is None or self.intervals < max(self.MIN_INTERVALS, n + 2):
-            return False
-        a, sol = fit
-        sigma2 = self._wls.residual_variance(sol)
-        if sigma2 is None:
-            return False
+        combos = []
         for i in range(len(self._cols.names)):
             mean_text = self._text[i] / self._steps[i] if self._steps[i] else 0.0
             v = [0.0] * n
             v[2 * i], v[2 * i + 1] = 1.0, mean_text  # accepted per step at the workload's mean text per step
-            var = combination_variance(a, v, sigma2)
-            if var is None or max(0.0, var) ** 0.5 > self.MAX_SE:
-                return False
-        return True
+            combos.append(v)
+        return _pinned(self._wls, self._fit(), combos, self.MIN_INTERVALS, self.MAX_SE)
 
 
 class DraftModel:
@@ -184,17 +198,5 @@ class DraftModel:
         vLLM (ngram k = 3, 16 requests of two workloads at concurrency 4) shares taken from the rates as they stood
         when each request ended put a workload 0-7 points off, from the final rates 1-5 points, steadily."""
         n = self._wls.columns
-        fit = self._fit()
-        if fit is None or self.intervals < max(self.MIN_INTERVALS, n + 2):
-            return False
-        a, sol = fit
-        sigma2 = self._wls.residual_variance(sol)
-        if sigma2 is None:
-            return False
-        for i in range(n):
-            v = [0.0] * n
-            v[i] = 1.0
-            var = combination_variance(a, v, sigma2)
-            if var is None or max(0.0, var) ** 0.5 > self.MAX_SE:
-                return False
-        return True
+        combos = [[1.0 if j == i else 0.0 for j in range(n)] for i in range(n)]
+        return _pinned(self._wls, self._fit(), combos, self.MIN_INTERVALS, self.MAX_SE)

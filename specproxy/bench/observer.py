@@ -25,7 +25,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ class Side:
     ttft: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
     failed: int = 0
-    scrapes: int = 0
+    counted: int = 0  # what the side's proxy did that the other does not (scrapes, shadows sent)
 
 
 async def _one(s: aiohttp.ClientSession, url: str, body: dict[str, Any], side: Side) -> None:
@@ -118,11 +118,11 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 2)
 
 
-def summary(side: Side) -> dict[str, Any]:
+def summary(side: Side, counted: str) -> dict[str, Any]:
     return {
         "requests": len(side.ttft),
         "failed": side.failed,
-        "scrapes": side.scrapes,
+        counted: side.counted,
         "ttft_p50_ms": _ms(median(side.ttft)),
         "ttft_p90_ms": _ms(percentile(side.ttft, 90)),
         "gap_p50_ms": _ms(median(side.gaps)),
@@ -130,58 +130,115 @@ def summary(side: Side) -> dict[str, Any]:
     }
 
 
+async def abba(
+    on: str,
+    off: str,
+    count: Callable[[], Awaitable[int]],
+    *,
+    side: str,
+    counted: str,
+    model: str,
+    levels: Sequence[int],
+    requests: int,
+    rounds: int,
+    max_tokens: int,
+    usage: bool,
+) -> list[dict[str, Any]]:
+    """Two proxies side by side, rounds alternating which goes first: per concurrency, each side's figures
+    (``{side}_on``, ``{side}_off``), what ``count`` says the "on" proxy did meanwhile (as ``counted``), and the TTFT
+    p50 the "on" side adds."""
+    await wave(on, model, 1, 2, max_tokens, 0, Side(), usage)  # warm both paths and the engine
+    await wave(off, model, 1, 2, max_tokens, 0, Side(), usage)
+    rows: list[dict[str, Any]] = []
+    for c in levels:
+        sides = {"on": Side(), "off": Side()}
+        for r in range(rounds):
+            for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                before = await count() if name == "on" else 0
+                await wave(
+                    on if name == "on" else off, model, c, requests, max_tokens, r * requests, sides[name], usage
+                )
+                if name == "on":
+                    sides["on"].counted += await count() - before
+        son, soff = summary(sides["on"], counted), summary(sides["off"], counted)
+        added = None
+        if son["ttft_p50_ms"] is not None and soff["ttft_p50_ms"] is not None:
+            added = round(son["ttft_p50_ms"] - soff["ttft_p50_ms"], 2)
+        rows.append({"concurrency": c, f"{side}_on": son, f"{side}_off": soff, "ttft_added_p50_ms": added})
+    return rows
+
+
 async def measure(
     upstream: str, *, model: str, levels: Sequence[int], requests: int, rounds: int, max_tokens: int, usage: bool
 ) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="specproxy-observer-") as tmp:
         async with (
             proxy_child(upstream, Path(tmp) / "on.jsonl") as on,
             proxy_child(upstream, Path(tmp) / "off.jsonl", "--metrics-url", "none") as off,
         ):
-            await wave(on.url, model, 1, 2, max_tokens, 0, Side(), usage)  # warm both paths and the engine
-            await wave(off.url, model, 1, 2, max_tokens, 0, Side(), usage)
-            for c in levels:
-                sides = {"on": Side(), "off": Side()}
-                for r in range(rounds):
-                    order = ("on", "off") if r % 2 == 0 else ("off", "on")
-                    for name in order:
-                        url = on.url if name == "on" else off.url
-                        before = await _scrapes(on.url) if name == "on" else 0
-                        await wave(url, model, c, requests, max_tokens, r * requests, sides[name], usage)
-                        if name == "on":
-                            sides["on"].scrapes += await _scrapes(on.url) - before
-                son, soff = summary(sides["on"]), summary(sides["off"])
-                added = None
-                if son["ttft_p50_ms"] is not None and soff["ttft_p50_ms"] is not None:
-                    added = round(son["ttft_p50_ms"] - soff["ttft_p50_ms"], 2)
-                rows.append({"concurrency": c, "scraping_on": son, "scraping_off": soff, "ttft_added_p50_ms": added})
-    return rows
+            return await abba(on.url, off.url, lambda: _scrapes(on.url), side="scraping", counted="scrapes",
+                              model=model, levels=levels, requests=requests, rounds=rounds, max_tokens=max_tokens,
+                              usage=usage)  # fmt: skip
 
 
-def render(rows: Sequence[dict[str, Any]], engine: str) -> str:
+def side_by_side(
+    rows: Sequence[dict[str, Any]], title: str, *, side: str, counted: str, added: str, target_ms: float | None = None
+) -> str:
+    """The rows of :func:`abba` as a table, each concurrency's two sides and the TTFT p50 the "on" side adds."""
     lines = [
-        f"observer effect: {engine}; two proxies (--workers 1) in front of it, one with --metrics-url none, "
-        "rounds interleaved (ABBA)",
+        title,
         "",
-        f"{'conc':>4}  {'scraping':<8}  {'requests':>8}  {'scrapes':>7}  {'TTFT p50':>9}  {'TTFT p90':>9}  "
+        f"{'conc':>4}  {side:<9}  {'requests':>8}  {counted:>7}  {'TTFT p50':>9}  {'TTFT p90':>9}  "
         f"{'gap p50':>8}  {'gap p99':>8}",
     ]
     for row in rows:
         for name in ("on", "off"):
-            s = row[f"scraping_{name}"]
+            s = row[f"{side}_{name}"]
             fails = f" ({s['failed']} failed)" if s["failed"] else ""
             lines.append(
-                f"{row['concurrency']:>4}  {name:<8}  {s['requests']:>8}  {s['scrapes'] if name == 'on' else '-':>7}  "
+                f"{row['concurrency']:>4}  {name:<9}  {s['requests']:>8}  {s[counted] if name == 'on' else '-':>7}  "
                 f"{cell(s['ttft_p50_ms'])}  {cell(s['ttft_p90_ms'])}  {cell(s['gap_p50_ms'], 8)}  "
                 f"{cell(s['gap_p99_ms'], 8)}{fails}"
             )
-        added = row["ttft_added_p50_ms"]
-        verdict = "-" if added is None else ("pass" if added <= TARGET_ADDED_TTFT_MS else "FAIL")
-        shown = "-" if added is None else f"{added:+.2f} ms"
-        lines.append(f"      TTFT p50 added by scraping: {shown} (target <= {TARGET_ADDED_TTFT_MS} ms: {verdict})")
+        add = row["ttft_added_p50_ms"]
+        shown = "-" if add is None else f"{add:+.2f} ms"
+        if target_ms is None:
+            lines.append(f"      TTFT p50 added by {added}: {shown}")
+        else:
+            verdict = "-" if add is None else ("pass" if add <= target_ms else "FAIL")
+            lines.append(f"      TTFT p50 added by {added}: {shown} (target <= {target_ms} ms: {verdict})")
     lines.append("  times in ms, from the client: TTFT is send to first token-bearing read, gap between such reads")
     return "\n".join(lines)
+
+
+def render(rows: Sequence[dict[str, Any]], engine: str) -> str:
+    title = (
+        f"observer effect: {engine}; two proxies (--workers 1) in front of it, one with --metrics-url none, "
+        "rounds interleaved (ABBA)"
+    )
+    return side_by_side(rows, title, side="scraping", counted="scrapes", added="scraping",
+                        target_ms=TARGET_ADDED_TTFT_MS)  # fmt: skip
+
+
+def ab_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every side-by-side bench takes."""
+    p.add_argument("--concurrency", default="1,16", help="levels, comma-separated")
+    p.add_argument("--requests", type=int, default=24, help="requests per side per round")
+    p.add_argument("--rounds", type=int, default=4, help="rounds; each runs both sides, alternating which first")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--speed", type=float, default=1.0, help="the simulator's time compression")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def ab_levels(p: argparse.ArgumentParser, a: argparse.Namespace) -> list[int]:
+    """The concurrency levels, the options checked (one line and exit 2 otherwise)."""
+    try:
+        levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--concurrency must be integers separated by commas, got {a.concurrency!r}")
+    if not levels or min(levels) < 1 or a.requests < 1 or a.rounds < 1 or a.max_tokens < 1:
+        p.error("--concurrency levels, --requests, --rounds and --max-tokens must be at least 1")
+    return levels
 
 
 def cell(v: float | None, width: int = 9) -> str:
@@ -189,7 +246,7 @@ def cell(v: float | None, width: int = 9) -> str:
 
 
 async def _main(a: argparse.Namespace) -> int:
-    levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    levels = a.levels
     kw = {"levels": levels, "requests": a.requests, "rounds": a.rounds, "max_tokens": a.max_tokens, "usage": a.usage}
     docs: list[dict[str, Any]] = []
     texts: list[str] = []
@@ -222,28 +279,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specproxy.bench.observer", description=__doc__.split("\n\n")[0])
     p.add_argument("--upstream", help="an engine already running (default: the simulator, started here)")
     p.add_argument("--model", default="sim-model", help="the model name the engine serves")
-    p.add_argument("--concurrency", default="1,16", help="levels, comma-separated")
-    p.add_argument("--requests", type=int, default=24, help="requests per side per round")
-    p.add_argument("--rounds", type=int, default=4, help="rounds; each runs both sides, alternating which first")
-    p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--speed", type=float, default=1.0, help="the simulator's time compression")
+    ab_arguments(p)
     p.add_argument("--render-ms", type=float, default=8.0, help="what one /metrics holds the simulator's loop")
     p.add_argument("--usage", action="store_true", help="ask for the final usage (stream_options), as aiperf does")
-    p.add_argument("--format", choices=("table", "json"), default="table")
     a = p.parse_args(argv)
+    a.levels = ab_levels(p, a)
+    return run_ab("observer", _main(a))
+
+
+def run_ab(name: str, main: Coroutine[Any, Any, int]) -> int:
+    """Run a side-by-side bench; a process that did not start or a connection that failed is one line and exit 1."""
     try:
-        levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--concurrency must be integers separated by commas, got {a.concurrency!r}")
-    if not levels or min(levels) < 1 or a.requests < 1 or a.rounds < 1 or a.max_tokens < 1:
-        p.error("--concurrency levels, --requests, --rounds and --max-tokens must be at least 1")
-    try:
-        return asyncio.run(_main(a))
+        return asyncio.run(main)
     except StartError as e:
-        sys.stderr.write(f"observer: a process did not start: {e}\n")
+        sys.stderr.write(f"{name}: a process did not start: {e}\n")
         return 1
     except (aiohttp.ClientError, OSError) as e:
-        sys.stderr.write(f"observer: {e}\n")
+        sys.stderr.write(f"{name}: {e}\n")
         return 1
 
 

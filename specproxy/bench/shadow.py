@@ -14,7 +14,6 @@ request of the side, from the client.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -24,8 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from specproxy.bench.observer import Side, cell, proxy_child, summary, wave
-from specproxy.bench.procs import StartError, python_child
+from specproxy.bench.observer import ab_arguments, ab_levels, abba, proxy_child, run_ab, side_by_side
+from specproxy.bench.procs import python_child
 
 
 async def _shadows_sent(url: str) -> int:
@@ -37,59 +36,25 @@ async def _shadows_sent(url: str) -> int:
 async def measure(
     live: str, candidate: str, *, share: float, levels: Sequence[int], requests: int, rounds: int, max_tokens: int
 ) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="specproxy-shadowcost-") as tmp:
         shadow_args = ("--shadow", f"cand={candidate}", "--shadow-share", str(share), "--shadow-max-inflight", "64")
         async with (
             proxy_child(live, Path(tmp) / "on.jsonl", *shadow_args) as on,
             proxy_child(live, Path(tmp) / "off.jsonl") as off,
         ):
-            for url in (on.url, off.url):  # warm both paths and the engines
-                await wave(url, "sim-model", 1, 2, max_tokens, 0, Side(), True)
-            for c in levels:
-                sides = {"on": Side(), "off": Side()}
-                sent = 0
-                for r in range(rounds):
-                    for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                        url = on.url if name == "on" else off.url
-                        before = await _shadows_sent(on.url) if name == "on" else 0
-                        await wave(url, "sim-model", c, requests, max_tokens, r * requests, sides[name], True)
-                        if name == "on":
-                            sent += await _shadows_sent(on.url) - before
-                son, soff = summary(sides["on"]), summary(sides["off"])
-                added = None
-                if son["ttft_p50_ms"] is not None and soff["ttft_p50_ms"] is not None:
-                    added = round(son["ttft_p50_ms"] - soff["ttft_p50_ms"], 2)
-                rows.append({"concurrency": c, "shadowing_on": son, "shadowing_off": soff, "shadows_sent": sent,
-                             "ttft_added_p50_ms": added})  # fmt: skip
-    return rows
+            return await abba(on.url, off.url, lambda: _shadows_sent(on.url), side="shadowing", counted="shadows",
+                              model="sim-model", levels=levels, requests=requests, rounds=rounds,
+                              max_tokens=max_tokens, usage=True)  # fmt: skip
 
 
 def render(rows: Sequence[dict[str, Any]], what: str) -> str:
-    lines = [
-        f"shadowing's cost to live requests: {what}; two proxies (--workers 1), one with --shadow, rounds "
-        "interleaved (ABBA)",
-        "",
-        f"{'conc':>4}  {'shadowing':<9}  {'requests':>8}  {'shadows':>7}  {'TTFT p50':>9}  {'TTFT p90':>9}  "
-        f"{'gap p50':>8}  {'gap p99':>8}",
-    ]
-    for row in rows:
-        for name in ("on", "off"):
-            s = row[f"shadowing_{name}"]
-            fails = f" ({s['failed']} failed)" if s["failed"] else ""
-            shadows = row["shadows_sent"] if name == "on" else "-"
-            lines.append(
-                f"{row['concurrency']:>4}  {name:<9}  {s['requests']:>8}  {shadows:>7}  {cell(s['ttft_p50_ms'])}  "
-                f"{cell(s['ttft_p90_ms'])}  {cell(s['gap_p50_ms'], 8)}  {cell(s['gap_p99_ms'], 8)}{fails}"
-            )
-        added = row["ttft_added_p50_ms"]
-        lines.append(f"      live TTFT p50 added by shadowing: {'-' if added is None else f'{added:+.2f} ms'}")
-    lines.append("  times in ms, from the client: TTFT is send to first token-bearing read, gap between such reads")
-    return "\n".join(lines)
+    title = f"shadowing's cost to live requests: {what}; two proxies (--workers 1), one with --shadow, rounds " \
+            "interleaved (ABBA)"  # fmt: skip
+    return side_by_side(rows, title, side="shadowing", counted="shadows", added="shadowing")
 
 
 async def _main(a: argparse.Namespace) -> int:
-    levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    levels = a.levels
     sim = ["-m", "specproxy", "sim", "--listen", "127.0.0.1:0", "--speed", str(a.speed)]
     async with (
         python_child(*sim, "--spec-method", "none") as live,
@@ -107,29 +72,12 @@ async def _main(a: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specproxy.bench.shadow", description=__doc__.split("\n\n")[0])
     p.add_argument("--share", type=float, default=0.25, help="--shadow-share of the shadowing proxy")
-    p.add_argument("--concurrency", default="1,16", help="levels, comma-separated")
-    p.add_argument("--requests", type=int, default=24, help="requests per side per round")
-    p.add_argument("--rounds", type=int, default=4, help="rounds; each runs both sides, alternating which first")
-    p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--speed", type=float, default=1.0, help="the simulators' time compression")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    ab_arguments(p)
     a = p.parse_args(argv)
-    try:
-        levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--concurrency must be integers separated by commas, got {a.concurrency!r}")
-    if not levels or min(levels) < 1 or a.requests < 1 or a.rounds < 1 or a.max_tokens < 1:
-        p.error("--concurrency levels, --requests, --rounds and --max-tokens must be at least 1")
+    a.levels = ab_levels(p, a)
     if not 0.0 < a.share <= 1.0:
         p.error(f"--share must be in (0, 1], got {a.share}")
-    try:
-        return asyncio.run(_main(a))
-    except StartError as e:
-        sys.stderr.write(f"shadow bench: a process did not start: {e}\n")
-        return 1
-    except (aiohttp.ClientError, OSError) as e:
-        sys.stderr.write(f"shadow bench: {e}\n")
-        return 1
+    return run_ab("shadow bench", _main(a))
 
 
 if __name__ == "__main__":
