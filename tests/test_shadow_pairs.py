@@ -158,8 +158,11 @@ def test_a_drafter_that_changes_the_text_is_not_lossless_but_a_few_near_ties_are
     assert "NOT LOSSLESS" in broken["says"]
     same = "the same reply, word for word, as the model would say it"
     few = _pairs(20, 1.2, text=same)
-    few[0] = type(few[0])(**{**{f: getattr(few[0], f) for f in few[0].__slots__}, "text": "diverged", "parted_at": 3})
-    assert lossless(few)["verdict"] == "lossless" and lossless(few)["diverged"] == 1
+    for i in range(6):  # near-ties flipped by floating point part some pairs, anywhere: not a broken drafter
+        few[i] = type(few[i])(
+            **{**{f: getattr(few[i], f) for f in few[i].__slots__}, "text": "diverged", "parted_at": 3}
+        )
+    assert lossless(few)["verdict"] == "lossless" and lossless(few)["diverged"] == 6
 
 
 def test_the_guard_trips_when_live_requests_beside_shadows_are_slower() -> None:
@@ -175,3 +178,8 @@ def test_the_guard_trips_when_live_requests_beside_shadows_are_slower() -> None:
     assert g.ratios() == {} and g.tripped() is None
     g.observe("code", None, beside_shadows=True)  # no figure: nothing learnt
     assert g.ratios() == {}
+
+
+def test_one_pair_says_its_speedup_without_an_interval() -> None:
+    s = summarize_pairs("c", "code", _pairs(1, 1.5))
+    assert s["verdict"] == "-" and "too few pairs for an interval" in s["says"] and "1.5" in s["says"]
