@@ -50,6 +50,7 @@ UNIT_MODULES = frozenset(
         "test_core_stream",
         "test_http1",
         "test_layout",
+        "test_live_advice",
         "test_loadgen_plan",
         "test_otlp_proto",
         "test_proxy_events",

@@ -221,6 +221,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
         proxy_args += ["--max-body", "64KB"]
         # the shadow panels' metrics exist with --shadow only (an opt-in): the simulator is its own candidate here
         proxy_args += ["--shadow", f"self={sim_url}", "--shadow-share", "1", "--shadow-max-inflight", "64"]
+        proxy_args += ["--advise-every", "0.5"]  # the live advice within the scrape's wait, not after a minute
         with specproxy_process(proxy_args, "specproxy proxy:") as (proxy_url, _):
             run_args = replace_option(services["loadgen"]["command"], "--target", proxy_url)
             run_args = replace_option(run_args, "--out", str(tmp / "loadgen.jsonl"))

@@ -290,6 +290,15 @@ def register(app: typer.Typer) -> None:
             "--otlp-headers-file",
             help="A file (mode 0600) of KEY=VALUE lines sent with every export, e.g. an API key.",
         ),
+        advise_every: float = typer.Option(
+            60.0,
+            "--advise-every",
+            help="Seconds between refreshes of the live advice (the k that pays off now, per workload, in "
+            "/specproxy/status and specproxy_recommended_k); 0: off.",
+        ),
+        advise_window: float = typer.Option(
+            600.0, "--advise-window", help="Seconds of live records the advice is computed from."
+        ),
         shadow: list[str] | None = typer.Option(
             None,
             "--shadow",
@@ -338,6 +347,8 @@ def register(app: typer.Typer) -> None:
         ):
             if value <= 0:
                 raise typer.BadParameter(f"{name} must be positive, got {value}")
+        if advise_every < 0 or advise_window <= 0:
+            raise typer.BadParameter("--advise-every cannot be negative, and --advise-window must be positive")
         if drain_timeout < 0 or max_connections < 0 or rotate_mb < 0 or attribution_hold < 0:
             raise typer.BadParameter(
                 "--drain-timeout, --max-connections, --rotate-mb and --attribution-hold cannot be negative"
@@ -411,6 +422,8 @@ def register(app: typer.Typer) -> None:
             upstream_authorization=authorization,
             otlp=otlp,
             shadow=shadow_cfg,
+            advise_every_s=advise_every,
+            advise_window_s=advise_window,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if cfg.workers == 0:

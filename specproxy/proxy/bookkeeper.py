@@ -53,6 +53,7 @@ from specproxy.proxy.events import (
 )
 from specproxy.proxy.link import TRACE_HEADER
 from specproxy.proxy.shadow import ShadowCollector, Shadower
+from specproxy.recorder.live_advice import LiveAdvice, LiveAdviceCollector
 from specproxy.recorder.otlp import OtlpCollector, SpanExporter
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.slo_status import SloTracker
@@ -138,6 +139,7 @@ class Connection:
 class Bookkeeper:
     otlp: SpanExporter | None = None  # --otlp-endpoint: each record's span
     shadower: Shadower | None = None  # --shadow: a share of live requests also sent to candidates, compared
+    advice: LiveAdvice | None = None  # what k pays off now, from the live window (--advise-every)
 
     @classmethod
     def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
@@ -148,7 +150,9 @@ class Bookkeeper:
         otlp = SpanExporter(cfg.otlp) if cfg.otlp is not None else None
         hop = BufferingTracker()
         shadower = Shadower(cfg.shadow, cfg.recorder) if cfg.shadow is not None else None
+        advice = LiveAdvice(cfg.advise_window_s) if cfg.advise_every_s > 0 else None
         observers = (
+            *([advice.observe] if advice else []),
             *([slo.observe] if slo else []),
             *([otlp.observe] if otlp else []),
             hop.observe,
@@ -161,6 +165,8 @@ class Bookkeeper:
             keeper.shadower = shadower
             keeper.recorder.on_text = shadower.live_text
         keeper.recorder.metrics.registry.register(ShadowCollector(shadower))  # without --shadow: empty families
+        keeper.advice = advice
+        keeper.recorder.metrics.registry.register(LiveAdviceCollector(advice))
         if otlp is not None:
             keeper.otlp = otlp
             keeper.recorder.metrics.registry.register(OtlpCollector(otlp))
@@ -174,6 +180,7 @@ class Bookkeeper:
         self.resolver = WorkloadResolver(cfg.rules)
         self.connections: list[Connection] = []
         self._health: asyncio.Task[None] | None = None
+        self._advising: asyncio.Task[None] | None = None
         self._healthy = True
         self.restarts: dict[str, int] = {}  # processes the supervisor restarted, by role (--workers N)
         recorder.metrics.registry.register(_RelayCollector(self))
@@ -247,6 +254,18 @@ class Bookkeeper:
         if self.shadower is not None:  # its candidates' records go to the recorder's file
             await self.shadower.start(self.recorder.sink)
         self._health = asyncio.get_running_loop().create_task(self._watch_health())
+        if self.advice is not None:
+            self._advising = asyncio.get_running_loop().create_task(self._advise(self.advice))
+
+    async def _advise(self, live: LiveAdvice) -> None:
+        """Refresh the live advice every ``--advise-every`` seconds, computed in a thread on a snapshot of the
+        window (a few thousand records take a fraction of a second, which the bookkeeper's loop should not wait)."""
+        while True:
+            await asyncio.sleep(self.cfg.advise_every_s)
+            try:
+                live.update(await asyncio.to_thread(LiveAdvice.compute, live.snapshot()))
+            except Exception:  # the advice is a view of the records: a failure loses nothing, and is said
+                log.exception("refreshing the live advice failed")
 
     async def caught_up(self, t_ns: int) -> bool:
         """Wait until every relay with a request in flight has sent its events stamped up to ``t_ns`` (so each chunk
@@ -384,6 +403,8 @@ class Bookkeeper:
             st["otlp"] = self.otlp.status()
         if self.hop is not None:
             st["path"] = {"buffering": self.hop.status()}
+        if self.advice is not None:
+            st["advice"] = self.advice.status()
         if self.shadower is not None:
             st["shadow"] = self.shadower.status()
         return st
@@ -406,6 +427,8 @@ class Bookkeeper:
         """Every relay has stopped: record what they left unfinished, then finish and write every record."""
         if self._health is not None:
             self._health.cancel()
+        if self._advising is not None:
+            self._advising.cancel()
         for conn in self.connections:
             conn.lost("the proxy stopped")
         if self.shadower is not None:  # shadows in flight are cut; their records go in before the sink closes

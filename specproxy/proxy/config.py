@@ -40,6 +40,8 @@ class ProxyConfig:
     # requests go unrecorded, counted as lost). --bookkeeping-buffer.
     bookkeeping_buffer_bytes: int = 8 * 1024 * 1024
     otlp: OtlpConfig | None = None  # --otlp-endpoint: a span per inference request, from the bookkeeper
+    advise_every_s: float = 60.0  # --advise-every: the live advice's refresh (0: off)
+    advise_window_s: float = 600.0  # --advise-window: the live records it is computed from
     shadow: ShadowConfig | None = None  # --shadow: a share of live requests also sent to candidates (proxy/shadow.py)
     workers: int = 0  # relay processes (0: one process, the bookkeeper on the relay's loop)
     # The Authorization field for the upstream, for requests that bring none (SPECPROXY_UPSTREAM_CREDENTIALS or

@@ -1,0 +1,138 @@
+"""What to run now: the k (draft tokens per step) that pays off per workload, from the last minutes of live traffic.
+
+``specproxy advise``'s model (:mod:`specproxy.analysis.advise`) over the live records of a sliding window, refreshed
+on a schedule by the proxy's bookkeeper, for its status and metrics. The engine runs one k; positions beyond it are
+not measured, so the choice is among k = 0 (no speculation) up to the k that runs: "lower k would pay more" is what
+live traffic can tell, a higher one only a run that measures it (``matrix``, ``sweep``, or a shadow candidate).
+The cost model is advise's default draft cost unless the window holds runs at several k.
+
+Pure but for the clock it is given; the bookkeeper computes in a thread (:meth:`LiveAdvice.compute` works on a
+snapshot) so that a large window does not hold its loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from specproxy.analysis.advise.gather import build_advice, replace_chunks
+from specproxy.analysis.advise.model import WorkloadAdvice
+from specproxy.core.record import Record
+
+WINDOW_S = 600.0
+MAX_PER_WORKLOAD = 2000  # the latest records a workload keeps in the window
+
+
+class LiveAdvice:
+    def __init__(
+        self,
+        window_s: float = WINDOW_S,
+        max_per_workload: int = MAX_PER_WORKLOAD,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._max = max_per_workload
+        self._records: dict[str, collections.deque[tuple[float, Record]]] = {}
+        self.current: dict[str, dict[str, Any]] = {}
+        self.changes: collections.Counter[str] = collections.Counter()
+        self.refreshed_at: float | None = None
+        self.refreshes = 0
+
+    def observe(self, rec: Record) -> None:
+        """Every live record (an observer of the recorder): kept, without its chunks, if it ended ok with drafts."""
+        spec = rec.get("spec")
+        if rec.get("outcome") != "ok" or not spec or not spec.get("drafts"):
+            return
+        q = self._records.get(rec["workload"])
+        if q is None:
+            q = self._records[rec["workload"]] = collections.deque(maxlen=self._max)
+        q.append((self._clock(), replace_chunks(rec) if rec.get("chunks") else rec))
+
+    def snapshot(self) -> list[Record]:
+        """The window's records, the older ones let go."""
+        oldest = self._clock() - self.window_s
+        out: list[Record] = []
+        for q in self._records.values():
+            while q and q[0][0] < oldest:
+                q.popleft()
+            out.extend(r for _, r in q)
+        return out
+
+    @staticmethod
+    def compute(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+        """workload -> what to run now (:func:`summary`); workloads with too few records say so."""
+        if not records:
+            return {}
+        deepest = max(len(spec["per_position"]) if (spec := r["spec"]) is not None else 0 for r in records)
+        advice = build_advice(records, max_k=max(1, deepest))
+        return {w.workload: summary(w) for w in advice.workloads}
+
+    def update(self, result: dict[str, dict[str, Any]]) -> None:
+        for w, s in result.items():
+            before = self.current.get(w)
+            if before is not None and before["recommended_k"] != s["recommended_k"]:
+                self.changes[w] += 1
+        self.current = result
+        self.refreshed_at = self._clock()
+        self.refreshes += 1
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "window_s": self.window_s,
+            "refreshes": self.refreshes,
+            "age_s": None if self.refreshed_at is None else round(self._clock() - self.refreshed_at, 1),
+            "workloads": {w: {**s, "changes": self.changes[w]} for w, s in sorted(self.current.items())},
+        }
+
+
+def summary(w: WorkloadAdvice) -> dict[str, Any]:
+    """One workload's advice as the status shows it: the recommended k, its predicted speedup over no speculation
+    with its interval and verdict, and what the window measured."""
+    best = next((p for p in w.predictions if p.k == w.recommended_k), None)
+    running = next((p for p in w.predictions if p.k == w.measured_k), None)
+    return {
+        "recommended_k": w.recommended_k,
+        "speedup": best.speedup if best is not None else None,
+        "speedup_ci": [best.speedup_ci.lo, best.speedup_ci.hi] if best is not None and best.speedup_ci else None,
+        "verdict": best.verdict if best is not None else "-",
+        "running_k": w.measured_k,
+        "running_speedup": running.speedup if running is not None else None,
+        "speedups": {str(p.k): p.speedup for p in w.predictions},
+        "acceptance_rate": w.acceptance_rate,
+        "acceptance_ci": [w.acceptance_ci.lo, w.acceptance_ci.hi] if w.acceptance_ci else None,
+        "requests": w.requests,
+        "warnings": list(w.warnings),
+    }
+
+
+class LiveAdviceCollector(Collector):
+    """``specproxy_recommended_k{workload}``, ``specproxy_recommended_speedup{workload,k}`` (predicted, over no
+    speculation, for every k up to the one that runs), ``specproxy_recommendation_changes_total{workload}``."""
+
+    def __init__(self, live: LiveAdvice | None) -> None:
+        self._live = live
+
+    def collect(self) -> Iterator[Metric]:
+        rec_k = GaugeMetricFamily("specproxy_recommended_k", "The k that pays off now per workload (0: none).",
+                                  labels=["workload"])  # fmt: skip
+        speed = GaugeMetricFamily(
+            "specproxy_recommended_speedup",
+            "Predicted speedup over no speculation per k, from the live window.",
+            labels=["workload", "k"],
+        )
+        changes = CounterMetricFamily("specproxy_recommendation_changes", "Times the recommended k changed.",
+                                      labels=["workload"])  # fmt: skip
+        if self._live is not None:
+            for w, s in self._live.current.items():
+                if s["recommended_k"] is not None:
+                    rec_k.add_metric([w], s["recommended_k"])
+                for k, v in s["speedups"].items():
+                    speed.add_metric([w, k], v)
+                changes.add_metric([w], self._live.changes[w])
+        yield from (rec_k, speed, changes)
