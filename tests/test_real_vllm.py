@@ -540,7 +540,8 @@ async def test_matrix_reproduces_the_manual_method_on_the_same_prompts(
                     detail[name].append((round_, r["decode_tok_s"], engine_rate, hand, hand_engine))
                     if r["decode_tok_s"] and hand:
                         ratios[name].append(r["decode_tok_s"] / hand)
-                seen[name].append((tok_s, statistics.median(h for h in manual_rates if h is not None)))
+                timed_by_hand = [h for h in manual_rates if h is not None]  # none: every reply read in one piece
+                seen[name].append((tok_s, statistics.median(timed_by_hand) if timed_by_hand else None))
     sys.stderr.write(f"\nmatrix / by hand, per request: {ratios}\nmedians per round: {seen}\n")
     for name, rows in detail.items():
         for row in rows:
