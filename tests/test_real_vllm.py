@@ -507,7 +507,7 @@ async def test_matrix_reproduces_the_manual_method_on_the_same_prompts(
     in one piece (every token in one read: its process did not run while the engine decoded) cannot be timed and is
     left out; at most a third may be. The matrix's printed figure is the median of its records' (checked here)."""
     ratios: dict[str, list[float]] = {name: [] for name in MATRIX_PROMPTS}
-    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in MATRIX_PROMPTS}
+    seen: dict[str, list[tuple[float, float | None]]] = {name: [] for name in MATRIX_PROMPTS}
     # per request: (round, matrix's rate, the engine's own rate then, the rate by hand, the engine's own rate then)
     detail: dict[str, list[tuple[Any, ...]]] = {name: [] for name in MATRIX_PROMPTS}
     sent_bodies: dict[str, list[dict[str, Any]]] = {}
