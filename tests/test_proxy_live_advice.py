@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,15 @@ async def test_the_proxy_says_what_to_run_now(tmp_path: Path) -> None:
             await asyncio.sleep(0.1)
         async with s.get(url + "/specproxy/metrics") as r:
             metrics = await r.text()
+    # what `specproxy advise` says over the same records, given the same range of k (the one the engine runs)
+    done = subprocess.run(
+        [sys.executable, "-m", "specproxy", "advise", str(tmp_path / "r.jsonl"), "--max-k", "3", "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    offline = {w["workload"]: w for w in json.loads(done.stdout)["workloads"]}
+    for w in ("code_agent", "ja_chat"):
+        assert adv[w]["recommended_k"] == offline[w]["recommended_k"], (w, adv[w], offline[w])
     # the simulator accepts code far more than Japanese chat: MTP k=3 pays for code, less (or nothing) for chat
     assert adv["code_agent"]["recommended_k"] is not None and adv["code_agent"]["running_k"] == 3
     assert adv["code_agent"]["speedups"]["3"] > adv["ja_chat"]["speedups"]["3"]
