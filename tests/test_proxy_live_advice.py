@@ -43,7 +43,7 @@ async def test_the_proxy_says_what_to_run_now(tmp_path: Path) -> None:
         async with s.get(url + "/specproxy/metrics") as r:
             metrics = await r.text()
     # what `specproxy advise` says over the same records, given the same range of k (the one the engine runs)
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: ASYNC221 - the command as a user runs it, once, after the proxy stopped
         [sys.executable, "-m", "specproxy", "advise", str(tmp_path / "r.jsonl"), "--max-k", "3", "--format", "json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
