@@ -156,6 +156,7 @@ class Shadower:
 
     def _observer(self, label: str) -> Callable[[Record], None]:
         def observe(rec: Record) -> None:
+            self._live_of.pop(str(rec.get("request_id")), None)  # its text, if any, came before its record
             self.book.shadow(label, rec)
 
         return observe
@@ -274,8 +275,6 @@ class Shadower:
                     log.warning("shadow %s failed %d times in a row (%s): left alone for %.0f s",
                                 c.target.label, FAILURES_TO_PAUSE, error, PAUSE_S)  # fmt: skip
             c.recorder.finish(trace, outcome, error)
-            if outcome != "ok":  # no text will come for it
-                self._live_of.pop(meta.request_id, None)
 
     @staticmethod
     def _headers(c: Candidate, live_id: str) -> dict[str, str]:
