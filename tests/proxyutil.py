@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -90,6 +91,11 @@ async def proxy_process(upstream: str, record: Path, *args: str) -> AsyncIterato
         if proc.returncode is None:
             proc.terminate()
         await proc.wait()
+        if proc.stderr is not None and not proc.stderr.at_eof():
+            # what it logged and nobody read: read to the end, so that the pipe (paused once its buffer filled)
+            # sees its end and closes, instead of being found open when collected in a later test
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.stderr.read(), 10)
 
 
 @asynccontextmanager
