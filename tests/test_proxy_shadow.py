@@ -253,3 +253,39 @@ def test_the_shadow_cost_bench_prints_both_sides_side_by_side() -> None:
     bad = subprocess.run([sys.executable, "-m", "specproxy.bench.shadow", "--share", "0"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--share" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(("concurrency", "code_verdict"), [(2, "faster"), (32, "slower")])
+async def test_the_paired_verdict_follows_the_load_with_a_compute_roof(
+    tmp_path: Path, concurrency: int, code_verdict: str
+) -> None:
+    """With a compute roof (``--compute-s-per-token``), verifying drafts is free at low load and costly once the
+    batch is compute-bound: the same candidate is faster for code at concurrency 2 and slower at 32, as the
+    simulator's own step times say, pair by pair."""
+    roof = SimConfig(port=0, speed=2.0, seed=5, compute_s_per_token=0.0002)
+    n = 64
+    record = tmp_path / "live.jsonl"
+    async with (
+        running_sim(roof, spec_method="none") as base,
+        running_sim(roof, spec_method="mtp", num_speculative_tokens=3, per_request_spec_metrics="summary") as mtp,
+    ):
+        async with proxy_process(
+            base.url, record, "--shadow", f"mtp3={mtp.url}", "--shadow-share", "1", "--shadow-max-inflight", "64",
+        ) as (url, _):  # fmt: skip
+            await _drive(url, n, concurrency=concurrency)
+            st = await _until(url, lambda s: _pairs(s, "mtp3") == n, "every pair in")
+        recs = [json.loads(line) for line in record.read_bytes().splitlines()]
+        async with aiohttp.ClientSession() as s:
+            truths = {r["request_id"]: await truth(s, mtp if r["shadow_of"] else base, r["upstream_id"]) for r in recs}
+
+    def rate(x: dict[str, Any]) -> float:
+        return (x["completion_tokens"] - 1) / (x["finished_at_s"] - x["first_token_at_s"])
+
+    code = st["shadow"]["candidates"]["mtp3"]["workloads"]["code_agent"]
+    ratios = [rate(truths[r["request_id"]]) / rate(truths[r["shadow_of"]])
+              for r in recs if r["shadow_of"] and r["workload"] == "code_agent"]  # fmt: skip
+    truth_speedup = statistics.median(ratios)
+    sys.stderr.write(f"\nc={concurrency}: paired {code['speedup']} {code['verdict']}, truth {truth_speedup:.3f}\n")
+    assert (truth_speedup > 1) == (code_verdict == "faster"), (concurrency, truth_speedup)  # the simulator agrees
+    assert code["verdict"] == code_verdict, (concurrency, code, truth_speedup)
+    assert code["speedup"]["median"] == pytest.approx(truth_speedup, rel=0.2), (concurrency, code, truth_speedup)
