@@ -278,3 +278,26 @@ async def test_a_bookkeeper_that_keeps_dying_stops_the_proxy_with_one_line(tmp_p
         err = (await proc.stderr.read()).decode()
     assert rc == 1
     assert "the bookkeeper process ended 6 times within 60 s: not restarted" in err.strip().splitlines()[-1], err
+
+
+async def test_when_the_main_process_is_killed_its_children_write_their_records_and_end(tmp_path: Path) -> None:
+    """kill -9 of the main process (an OOM kill, a runaway script): the relays and the bookkeeper see their parent
+    gone, the relays cut what is in flight, the bookkeeper writes the records it holds, and all of them end (they
+    see it by their control socket's end, and by their parent's pid: children.open_control)."""
+    record = tmp_path / "r.jsonl"
+    async with _supervised(record, "--workers", "2", "--metrics-url", "none", speed="20", relays=2) as (
+        url, proc, s, st,
+    ):  # fmt: skip
+        children = [st["bookkeeping"]["pid"], *st["bookkeeping"]["relay_pids"]]
+        load = Load(s, url, 4)
+        await load.until(12)
+        await load.stop()
+        finished = set(load.ids[: load.ok])
+        proc.kill()
+        await proc.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in children):
+            assert time.monotonic() < deadline, [pid for pid in children if _alive(pid)]
+            await asyncio.sleep(0.05)
+    recorded = {r["request_id"] for r in read_records(record)}
+    assert finished and finished <= recorded  # what had finished before the kill is written
