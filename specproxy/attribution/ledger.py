@@ -122,9 +122,12 @@ class CounterLedger:
         between the request's previous read and this one (:func:`read_times`), so a late read of one stream no
         longer sorts all its steps ahead of other streams' earlier steps at the next cut."""
         r = self._req.get(rid)
-        prev = r.last_read_ns if r is not None else None
+        prev = None
         if r is not None:
-            r.last_read_ns = t_ns
+            prev, r.last_read_ns = r.last_read_ns, t_ns
+        if len(tokens) == 1:  # the usual read: one step, at its read time (no times to spread, no lists)
+            self.record_chunk(rid, tokens[0], t_ns, exact=exact, decode=first_decode)
+            return
         for i, (n, at) in enumerate(zip(tokens, read_times(prev, t_ns, len(tokens)), strict=True)):
             self.record_chunk(rid, n, at, exact=exact, decode=first_decode or i > 0)
 
