@@ -169,6 +169,8 @@ async def test_a_failing_or_hanging_candidate_changes_nothing_for_clients(tmp_pa
     [
         (["--shadow", "no-label"], "LABEL=URL"),
         (["--shadow", "a=ftp://h"], "not an http(s) URL"),
+        (["--shadow", "a=http://127.0.0.1:99999"], "not an http(s) URL"),  # a port out of range
+        (["--shadow", "a=http://[::1"], "not an http(s) URL"),  # an IPv6 address left open
         (["--shadow", "a=http://user:pw@127.0.0.1:9"], "visible to every local user"),
         (["--shadow", "a=http://127.0.0.1:9", "--shadow", "a=http://127.0.0.1:10"], "labels must differ"),
         (["--shadow", "a=http://127.0.0.1:9", "--shadow-share", "0"], "--shadow-share"),

@@ -38,6 +38,7 @@ from specproxy.recorder.config import OtlpConfig
 from specproxy.recorder.otlp import PROTOCOLS, OtlpConfigError, parse_headers, parse_resource, traces_url
 from specproxy.recorder.recorder import RecorderConfig
 from specproxy.recorder.sink import FILE_MODE, RecordSink
+from specproxy.serving import http_url
 
 if TYPE_CHECKING:
     from specproxy.serving import Stopped
@@ -46,15 +47,10 @@ CAPTURES = ("none", "request", "full")
 
 
 def check_url(value: str, what: str) -> str:
-    try:
-        parts = urlsplit(value)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-        parts.port  # noqa: B018  # a port that is not a number, or out of range, raises here
-    except ValueError:  # "http://[::1" (an unclosed IPv6 address), "http://h:99999"
-        ok = False
-    if not ok:
+    url = http_url(value)
+    if url is None:
         raise typer.BadParameter(f"{what} must be an http:// or https:// URL, got {value!r}")
-    return value.rstrip("/")
+    return url
 
 
 def check_tokenizer(value: str | None) -> str | None:

@@ -43,6 +43,7 @@ from specproxy.recorder.exchange import exchange
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.sink import RecordSink
 from specproxy.recorder.trace import RequestMeta
+from specproxy.serving import http_url
 from specproxy.shadow.pairs import PairBook
 from specproxy.shadow.sample import Sampler, is_greedy
 from specproxy.shadow.verdicts import Guard, summarize
@@ -82,12 +83,13 @@ def parse_target(spec: str) -> ShadowTarget:
     label, sep, url = spec.partition("=")
     if not sep or not _LABEL_RE.fullmatch(label):
         raise ValueError(f"--shadow wants LABEL=URL (a label of letters, digits, '_', '.', '-'), got {spec!r}")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    base = http_url(url)
+    if base is None:
         raise ValueError(f"--shadow {label}: not an http(s) URL: {url!r}")
+    parts = urllib.parse.urlsplit(base)
     if parts.username or parts.password:
         raise ValueError(f"--shadow {label}: credentials in the URL would be visible to every local user; not taken")
-    return ShadowTarget(label, url.rstrip("/"))
+    return ShadowTarget(label, base)
 
 
 class Candidate:
