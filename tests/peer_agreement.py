@@ -71,7 +71,8 @@ def main() -> None:
     p.add_argument("--guidellm", type=Path, action="append", default=[])
     p.add_argument("--aiperf", type=Path, action="append", default=[])
     a = p.parse_args()
-    recs = [r for r in read_records(a.records) if r["upstream_id"]]
+    # a proxy's shadows (--shadow) are its own requests to its candidates, not the client's: left out
+    recs = [r for r in read_records(a.records) if r["upstream_id"] and r["shadow_of"] is None]
     print(
         f"{len(recs)} records: outcomes {dict(Counter(r['outcome'] for r in recs))}, workloads"
         f" {dict(Counter(r['workload'] for r in recs))}, token sources"
