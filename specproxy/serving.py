@@ -22,7 +22,6 @@ import signal
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -220,19 +219,6 @@ class _HeadTimedSite(web.BaseSite):
 
         # BaseSite's stop() and the runner's addresses read the listening server from _server, as for every site
         self._server = await loop.create_server(protocol, self._host, self._port, **self._listen)
-
-
-def http_url(value: str) -> str | None:
-    """``value`` as a base URL (no trailing slash) when it is an ``http://`` or ``https://`` URL with a host and, if
-    given, a port that is a number in range; None otherwise (``http://[::1`` with its IPv6 address unclosed,
-    ``http://h:99999``)."""
-    try:
-        parts = urlsplit(value)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-        parts.port  # noqa: B018  # a port that is not a number, or out of range, raises here
-    except ValueError:
-        return None
-    return value.rstrip("/") if ok else None
 
 
 def origin_form(raw_target: str) -> str | None:

@@ -22,6 +22,7 @@ from specproxy.commands.common import CommandError, command, fail, parse_listen,
 from specproxy.commands.options import EngineOpt, KOpt, TokenizerOpt, check_engine
 from specproxy.core.errors import shown_url
 from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_tokenizer
+from specproxy.core.urls import http_url
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.proxy.config import (
@@ -38,7 +39,6 @@ from specproxy.recorder.config import OtlpConfig
 from specproxy.recorder.otlp import PROTOCOLS, OtlpConfigError, parse_headers, parse_resource, traces_url
 from specproxy.recorder.recorder import RecorderConfig
 from specproxy.recorder.sink import FILE_MODE, RecordSink
-from specproxy.serving import http_url
 
 if TYPE_CHECKING:
     from specproxy.serving import Stopped

@@ -38,12 +38,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from specproxy.core.record import Record
+from specproxy.core.urls import http_url
 from specproxy.recorder.config import RecorderConfig
 from specproxy.recorder.exchange import exchange
 from specproxy.recorder.recorder import Recorder
 from specproxy.recorder.sink import RecordSink
 from specproxy.recorder.trace import RequestMeta
-from specproxy.serving import http_url
 from specproxy.shadow.pairs import PairBook
 from specproxy.shadow.sample import Sampler, is_greedy
 from specproxy.shadow.verdicts import Guard, summarize
