@@ -180,7 +180,8 @@ async def test_a_third_signal_while_records_are_written_loses_none(tmp_path: Pat
             await _logged(proc, b"SIGTERM: already stopping, writing the last records")
             assert await streams.fates() == ["cut"]
             rc = await asyncio.wait_for(proc.wait(), 20)  # type: ignore[attr-defined]
-        assert rc == 128 + signal.SIGTERM
+            said = await asyncio.wait_for(proc.stderr.read(), 10)  # type: ignore[attr-defined]
+        assert rc == 128 + signal.SIGTERM, said.decode(errors="replace")
         (rec,) = read_records(record)
         assert rec["outcome"] == "shutdown" and "second signal (SIGTERM)" in str(rec["error"])
     finally:
