@@ -51,6 +51,7 @@ UNIT_MODULES = frozenset(
         "test_http1",
         "test_layout",
         "test_live_advice",
+        "test_live_bands",
         "test_loadgen_plan",
         "test_otlp_proto",
         "test_proxy_events",

@@ -56,3 +56,61 @@ async def test_the_proxy_says_what_to_run_now(tmp_path: Path) -> None:
     assert adv["code_agent"]["speedups"]["3"] > adv["ja_chat"]["speedups"]["3"]
     assert adv["code_agent"]["recommended_k"] >= adv["ja_chat"]["recommended_k"]
     assert 'specproxy_recommended_k{workload="code_agent"}' in metrics
+
+
+async def test_the_proxy_checks_the_engines_schedule_per_band_of_requests_in_flight(tmp_path: Path) -> None:
+    """Told the engine runs k=3 up to 2 requests in flight and none from 3 (``--speculative-config``, as given to
+    vLLM), the proxy finds the band where the simulator (which ignores any schedule) drafts all the same."""
+    schedule = (
+        '{"method": "mtp", "num_speculative_tokens": 3, '
+        + '"num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 256, 0]]}'
+    )
+    async with (
+        running_sim(speed=50.0, seed=5) as sim,
+        proxy_process(sim.url, tmp_path / "r.jsonl", "--advise-every", "0.2", "--speculative-config", schedule) as (
+            url,
+            _,
+        ),
+        aiohttp.ClientSession() as s,
+    ):
+
+        async def one(i: int) -> None:
+            async with s.post(url + "/v1/chat/completions", json=chat_body(CODE_PROMPT + f" ({i})", max_tokens=48),
+                              headers={"X-Specproxy-Workload": "code_agent"}) as r:  # fmt: skip
+                assert r.status == 200
+                await r.read()
+
+        for i in range(6):  # one at a time
+            await one(i)
+        for wave in range(3):  # eight at a time
+            await asyncio.gather(*(one(100 + 8 * wave + j) for j in range(8)))
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            async with s.get(url + "/specproxy/status") as r:
+                st: dict[str, Any] = json.loads(await r.read())
+            bands = {b["band"]: b for b in st["advice"]["bands"]}
+            # requests that decoded at the waves' edges may land in bands too small to speak
+            if "1" in bands and bands["1"]["requests"] == 6 and sum(b["requests"] for b in bands.values()) >= 20:
+                break
+            assert asyncio.get_running_loop().time() < deadline, st["advice"]["bands"]
+            await asyncio.sleep(0.1)
+        async with s.get(url + "/specproxy/metrics") as r:
+            metrics = await r.text()
+    assert st["advice"]["schedule"] == "1-2: k=3, 3-256: k=0"
+    assert bands["1"]["expected_k"] == 3 and bands["1"]["schedule_mismatch"] is False
+    assert bands["1"]["draft_k"] == 3.0 and bands["1"]["in_flight"] < 1.5
+    busy = [b for b in bands.values() if b["lo"] >= 3]
+    assert busy and all(b["expected_k"] == 0 and b["schedule_mismatch"] for b in busy), bands
+    assert "the schedule has no effect" in busy[-1]["why"][-1]
+    assert f'specproxy_band_schedule_mismatch{{band="{busy[-1]["band"]}"}} 1.0' in metrics
+    assert 'specproxy_band_schedule_mismatch{band="1"} 0.0' in metrics
+
+
+def test_a_schedule_that_is_not_one_is_refused_at_start(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "specproxy", "proxy", "--upstream", "http://127.0.0.1:9", "--record",
+         str(tmp_path / "r.jsonl"), "--speculative-config", "[[2, 4, 1]]"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--speculative-config: the first range must start at batch size 1" in done.stderr

@@ -36,6 +36,7 @@ from specproxy.proxy.config import (
 from specproxy.proxy.shadow import ShadowConfig, parse_target
 from specproxy.proxy.workers import Ended, default_workers
 from specproxy.recorder.config import OtlpConfig
+from specproxy.recorder.live_bands import parse_schedule
 from specproxy.recorder.otlp import PROTOCOLS, OtlpConfigError, parse_headers, parse_resource, traces_url
 from specproxy.recorder.recorder import RecorderConfig
 from specproxy.recorder.sink import FILE_MODE, RecordSink
@@ -295,6 +296,12 @@ def register(app: typer.Typer) -> None:
         advise_window: float = typer.Option(
             600.0, "--advise-window", help="Seconds of live records the advice is computed from."
         ),
+        speculative_config: str | None = typer.Option(
+            None,
+            "--speculative-config",
+            help="The JSON given to vllm serve --speculative-config (or its num_speculative_tokens_per_batch_size "
+            "list): the live advice checks per band of requests in flight that the engine runs the k it schedules.",
+        ),
         shadow: list[str] | None = typer.Option(
             None,
             "--shadow",
@@ -345,6 +352,14 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"{name} must be positive, got {value}")
         if advise_every < 0 or advise_window <= 0:
             raise typer.BadParameter("--advise-every cannot be negative, and --advise-window must be positive")
+        schedule = None
+        if speculative_config is not None:
+            if advise_every == 0:
+                raise typer.BadParameter("--speculative-config needs the live advice (--advise-every > 0)")
+            try:
+                schedule = parse_schedule(speculative_config)
+            except ValueError as e:
+                raise typer.BadParameter(f"--speculative-config: {e}") from None
         if drain_timeout < 0 or max_connections < 0 or rotate_mb < 0 or attribution_hold < 0:
             raise typer.BadParameter(
                 "--drain-timeout, --max-connections, --rotate-mb and --attribution-hold cannot be negative"
@@ -420,6 +435,7 @@ def register(app: typer.Typer) -> None:
             shadow=shadow_cfg,
             advise_every_s=advise_every,
             advise_window_s=advise_window,
+            speculative_schedule=schedule,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if cfg.workers == 0:

@@ -150,7 +150,7 @@ class Bookkeeper:
         otlp = SpanExporter(cfg.otlp) if cfg.otlp is not None else None
         hop = BufferingTracker()
         shadower = Shadower(cfg.shadow, cfg.recorder) if cfg.shadow is not None else None
-        advice = LiveAdvice(cfg.advise_window_s) if cfg.advise_every_s > 0 else None
+        advice = LiveAdvice(cfg.advise_window_s, schedule=cfg.speculative_schedule) if cfg.advise_every_s > 0 else None
         observers = (
             *([advice.observe] if advice else []),
             *([slo.observe] if slo else []),
@@ -263,7 +263,8 @@ class Bookkeeper:
         while True:
             await asyncio.sleep(self.cfg.advise_every_s)
             try:
-                live.update(await asyncio.to_thread(LiveAdvice.compute, live.snapshot()))
+                records, points = live.snapshot(), live.band_points()
+                live.update(*await asyncio.to_thread(LiveAdvice.compute_all, records, points, live.schedule))
             except Exception:  # the advice is a view of the records: a failure loses nothing, and is said
                 log.exception("refreshing the live advice failed")
 

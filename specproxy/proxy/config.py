@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from specproxy.analysis.figures.slo import SloSpec
 from specproxy.core.workload_rules import Rule
 from specproxy.recorder.config import OtlpConfig
+from specproxy.recorder.live_bands import Schedule
 from specproxy.recorder.recorder import RecorderConfig
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class ProxyConfig:
     otlp: OtlpConfig | None = None  # --otlp-endpoint: a span per inference request, from the bookkeeper
     advise_every_s: float = 60.0  # --advise-every: the live advice's refresh (0: off)
     advise_window_s: float = 600.0  # --advise-window: the live records it is computed from
+    speculative_schedule: Schedule | None = None  # --speculative-config: what the engine was told, checked per band
     shadow: ShadowConfig | None = None  # --shadow: a share of live requests also sent to candidates (proxy/shadow.py)
     workers: int = 0  # relay processes (0: one process, the bookkeeper on the relay's loop)
     # The Authorization field for the upstream, for requests that bring none (SPECPROXY_UPSTREAM_CREDENTIALS or

@@ -23,9 +23,11 @@ from prometheus_client.registry import Collector
 from specproxy.analysis.advise.gather import build_advice, replace_chunks
 from specproxy.analysis.advise.model import WorkloadAdvice
 from specproxy.core.record import Record
+from specproxy.recorder.live_bands import Band, Point, Schedule, band_json, compute_bands, point_of
 
 WINDOW_S = 600.0
 MAX_PER_WORKLOAD = 2000  # the latest records a workload keeps in the window
+MAX_POINTS = 8000  # the latest requests the bands keep (all workloads, any outcome)
 
 
 class LiveAdvice:
@@ -34,8 +36,13 @@ class LiveAdvice:
         window_s: float = WINDOW_S,
         max_per_workload: int = MAX_PER_WORKLOAD,
         clock: Callable[[], float] = time.monotonic,
+        schedule: Schedule | None = None,
+        max_points: int = MAX_POINTS,
     ) -> None:
         self.window_s = window_s
+        self.schedule = schedule  # the engine's k per batch size, to check against (--speculative-config)
+        self._points: collections.deque[tuple[float, Point]] = collections.deque(maxlen=max_points)
+        self.bands: list[Band] = []
         self._clock = clock
         self._max = max_per_workload
         self._records: dict[str, collections.deque[tuple[float, Record]]] = {}
@@ -45,7 +52,10 @@ class LiveAdvice:
         self.refreshes = 0
 
     def observe(self, rec: Record) -> None:
-        """Every live record (an observer of the recorder): kept, without its chunks, if it ended ok with drafts."""
+        """Every live record (an observer of the recorder): kept, without its chunks, if it ended ok with drafts;
+        and for the bands, whatever its end (a failed request was in flight too)."""
+        if rec.get("started_at") is not None and rec.get("e2e_s") is not None:
+            self._points.append((self._clock(), point_of(rec)))
         spec = rec.get("spec")
         if rec.get("outcome") != "ok" or not spec or not spec.get("drafts"):
             return
@@ -64,6 +74,14 @@ class LiveAdvice:
             out.extend(r for _, r in q)
         return out
 
+    def band_points(self) -> list[Point]:
+        """The window's requests for the bands, the older ones let go."""
+        oldest = self._clock() - self.window_s
+        q = self._points
+        while q and q[0][0] < oldest:
+            q.popleft()
+        return [p for _, p in q]
+
     @staticmethod
     def compute(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
         """workload -> what to run now (:func:`summary`); workloads with too few records say so."""
@@ -73,7 +91,16 @@ class LiveAdvice:
         advice = build_advice(records, max_k=max(1, deepest))
         return {w.workload: summary(w) for w in advice.workloads}
 
-    def update(self, result: dict[str, dict[str, Any]]) -> None:
+    @staticmethod
+    def compute_all(
+        records: Sequence[Record], points: Sequence[Point], schedule: Schedule | None
+    ) -> tuple[dict[str, dict[str, Any]], list[Band]]:
+        """The advice per workload and the bands, from one snapshot (in a thread: neither holds the loop)."""
+        return LiveAdvice.compute(records), compute_bands(points, schedule)
+
+    def update(self, result: dict[str, dict[str, Any]], bands: list[Band] | None = None) -> None:
+        if bands is not None:
+            self.bands = bands
         for w, s in result.items():
             before = self.current.get(w)
             if before is not None and before["recommended_k"] != s["recommended_k"]:
@@ -88,6 +115,8 @@ class LiveAdvice:
             "refreshes": self.refreshes,
             "age_s": None if self.refreshed_at is None else round(self._clock() - self.refreshed_at, 1),
             "workloads": {w: {**s, "changes": self.changes[w]} for w, s in sorted(self.current.items())},
+            "schedule": self.schedule.describe() if self.schedule is not None else None,
+            "bands": [band_json(b) for b in self.bands],
         }
 
 
@@ -113,7 +142,9 @@ def summary(w: WorkloadAdvice) -> dict[str, Any]:
 
 class LiveAdviceCollector(Collector):
     """``specproxy_recommended_k{workload}``, ``specproxy_recommended_speedup{workload,k}`` (predicted, over no
-    speculation, for every k up to the one that runs), ``specproxy_recommendation_changes_total{workload}``."""
+    speculation, for every k up to the one that runs), ``specproxy_running_k{workload}``,
+    ``specproxy_recommendation_changes_total{workload}``; per band of requests in flight
+    (:mod:`specproxy.recorder.live_bands`) ``specproxy_band_*{band}``."""
 
     def __init__(self, live: LiveAdvice | None) -> None:
         self._live = live
@@ -128,11 +159,48 @@ class LiveAdviceCollector(Collector):
         )
         changes = CounterMetricFamily("specproxy_recommendation_changes", "Times the recommended k changed.",
                                       labels=["workload"])  # fmt: skip
+        running = GaugeMetricFamily("specproxy_running_k", "The k the engine ran per workload, as the live window "
+                                    "measured it.", labels=["workload"])  # fmt: skip
         if self._live is not None:
             for w, s in self._live.current.items():
                 if s["recommended_k"] is not None:
                     rec_k.add_metric([w], s["recommended_k"])
+                if s["running_k"] is not None:
+                    running.add_metric([w], s["running_k"])
                 for k, v in s["speedups"].items():
                     speed.add_metric([w, k], v)
                 changes.add_metric([w], self._live.changes[w])
-        yield from (rec_k, speed, changes)
+        yield from (rec_k, speed, running, changes)
+        yield from _band_metrics(self._live.bands if self._live is not None else [])
+
+
+_BAND_GAUGES = (
+    # (name, help, the band's figure)
+    ("specproxy_band_in_flight", "Mean requests in flight during decode of the band's requests.", "in_flight"),
+    ("specproxy_band_draft_k", "Draft tokens per drafting step at this band: the k that ran.", "draft_k"),
+    ("specproxy_band_drafting_share", "Drafting steps per decode step at this band.", "drafting_share"),
+    ("specproxy_band_acceptance", "Accepted over drafted tokens at this band.", "acceptance_rate"),
+    ("specproxy_band_step_seconds", "Median decode step time at this band.", "step_s"),
+    ("specproxy_band_decode_tokens_per_second", "The server's decode throughput at this band.", "server_tok_s"),
+    ("specproxy_band_predicted_speedup", "Predicted speedup of the k that ran, from the band's acceptance.", "speedup"),
+    ("specproxy_band_expected_k", "The k the given --speculative-config schedules at this band.", "expected_k"),
+)
+
+
+def _band_metrics(bands: Sequence[Band]) -> Iterator[Metric]:
+    for name, doc, attr in _BAND_GAUGES:
+        g = GaugeMetricFamily(name, doc, labels=["band"])
+        for b in bands:
+            v = getattr(b, attr)
+            if v is not None:
+                g.add_metric([b.label], float(v))
+        yield g
+    losing = GaugeMetricFamily("specproxy_band_speculation_losing", "1 where speculation loses at this band of "
+                               "requests in flight (status says why).", labels=["band"])  # fmt: skip
+    mismatch = GaugeMetricFamily("specproxy_band_schedule_mismatch", "1 where the engine does not run the k the given "
+                                 "--speculative-config schedules at this band.", labels=["band"])  # fmt: skip
+    for b in bands:
+        losing.add_metric([b.label], float(b.losing))
+        if b.schedule_mismatch is not None:
+            mismatch.add_metric([b.label], float(b.schedule_mismatch))
+    yield from (losing, mismatch)

@@ -126,7 +126,7 @@ def engine_lines(b: BatchAdvice) -> list[str]:
         cfg = {"num_speculative_tokens": top, "num_speculative_tokens_per_batch_size": vllm_schedule(b.schedule)}
         out.append("vLLM (dynamic speculative decoding): --speculative-config '" + orjson.dumps(cfg).decode() + "'")
         if (d := disable_by_batch_size(b.schedule)) is not None:
-            out.append(f'vLLM without a schedule: "disable_by_batch_size": {d} in --speculative-config')
+            out.append(f'older vLLM (no schedule, V0 engine): "disable_by_batch_size": {d} in --speculative-config')
     out.append(
         f"one k for every load (engines without a schedule, e.g. SGLang's --speculative-num-steps; "
         f"{b.single_k_basis}): k={b.single_k}" + (" (don't speculate)" if b.single_k == 0 else "")
