@@ -97,3 +97,15 @@ def test_choose_order() -> None:
     assert choose(no_drafts, None, est)[0] == "counters"
     assert choose(no_drafts, None, None)[0] == "server"  # llama.cpp: no step count, but a figure
     assert choose(None, SpecEstimate(SpecCounts(1, 1, 0), draft_tokens_known=False), None) == (None, None)
+
+
+def test_counters_that_saw_no_draft_beat_inexact_chunks() -> None:
+    # dynamic speculation at k = 0 (or an ngram without a match) while the request ran: its steps bring one token
+    # each; the chunks, inexact (the engine drafts on some steps only), would guess k drafts per step, all rejected
+    c = decide(
+        _ev(tokens=[1] * 6, engine_drafts_partially=True, counters=_counters(0, 0, exact=False, overlapped=True))
+    )
+    assert c.source == "counters" and c.chosen is not None and c.chosen.counts.drafts == 0
+    assert "spec_zero_acceptance" not in c.flags
+    # exact chunks (every step drafts) still speak for themselves beside a share that overlapped others
+    assert decide(_ev(counters=_counters(0, 0, exact=False, overlapped=True))).source == "chunks"

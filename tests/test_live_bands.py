@@ -48,6 +48,14 @@ def together(
     ]
 
 
+def no_drafts(rec: Record) -> Record:
+    """A request the counters saw draft nothing (a spec block of zeros, as the recorder writes it)."""
+    zero = {"accepted": 0.0, "drafts": 0.0, "draft_tokens": 0.0, "per_position": []}
+    rec["spec"] = {"source": "counters", **zero, "k": 3.0, "acceptance_rate": None, "mean_acceptance_length": None,  # type: ignore[typeddict-item]
+                   "tokens_per_step": {}, "estimates": {"server": None, "chunks": None, "counters": zero}}  # fmt: skip
+    return rec
+
+
 def test_vllms_schedule_as_it_reads_it() -> None:
     s = parse_schedule('{"method": "mtp", "num_speculative_tokens": 3, '
                        '"num_speculative_tokens_per_batch_size": [[1, 4, 3], [8, 16, 1], [17, 64, 0]]}')  # fmt: skip
@@ -163,3 +171,29 @@ def test_the_bands_in_status_and_metrics() -> None:
     assert 'specproxy_band_draft_k{band="6-11"} 3.0' in text
     assert 'specproxy_band_expected_k{band="6-11"} 0.0' in text
     assert 'specproxy_running_k{workload="chat"} 3.0' in text
+
+
+def test_a_k0_band_may_draft_at_its_edges_and_without_steps_says_nothing() -> None:
+    schedule = parse_schedule("[[1, 1, 3], [2, 256, 0]]")
+    assert schedule.describe() == "1: k=3, 2-256: k=0"
+    # 8 in flight, one request in five drafting on a few steps (a wave's tail that ran alone): the schedule holds
+    edges = [
+        make_record(f"e{i}", accepted=[1] * 3, k=3, step_s=0.01, started_at=T0 + 1000) if i % 5 == 0
+        else no_drafts(make_record(f"e{i}", plain_steps=30, step_s=0.01, started_at=T0 + 1000))
+        for i in range(8)
+    ]  # fmt: skip
+    (band,) = compute_bands([point_of(r) for r in edges], schedule)
+    assert band.expected_k == 0 and band.drafting_share is not None and band.drafting_share < 0.25
+    assert band.schedule_mismatch is False
+    # chunks that are not steps (one event per token): no share of drafting steps, no verdict either way
+    unseen = [make_record(f"u{i}", accepted=[1] * 30, k=3, started_at=T0 + 1000, flags=["chunks_not_steps_engine"])
+              for i in range(8)]  # fmt: skip
+    (band,) = compute_bands([point_of(r) for r in unseen], schedule)
+    assert band.drafting_share is None and band.step_s is None and band.schedule_mismatch is None
+
+
+def test_a_few_draft_tokens_do_not_make_a_band_losing() -> None:
+    # 6 requests of 5 steps at k=3 with nothing accepted: 90 draft tokens, too few to say
+    few = [make_record(f"f{i}", accepted=[0] * 5, k=3, started_at=T0 + 10.0 * i) for i in range(6)]
+    (band,) = compute_bands([point_of(r) for r in few])
+    assert band.speedup is not None and band.speedup < 1 and not band.losing

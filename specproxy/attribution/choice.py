@@ -5,7 +5,7 @@ Every request can have up to three estimates (:mod:`specproxy.attribution.estima
 
 1. the server's own per-request figure, when it reports drafts;
 2. the chunks, when they are exact (chunks are steps, counts exact, every step drafts);
-3. the counters' share;
+3. the counters' share, also when it is zero and the chunks are inexact: no draft while the request ran is evidence;
 4. inexact chunks, then whatever the server said.
 
 The checks that decide "chunks are steps" and "every step drafts" compare the sources with each other, so they live
@@ -157,6 +157,10 @@ def choose(
     if chunks is not None and chunks.draft_tokens_known and chunks.exact:
         return "chunks", chunks
     if counters is not None and counters.counts.drafts:
+        return "counters", counters
+    if counters is not None and chunks is not None and not chunks.exact:
+        # the engine drafted nothing while this request ran (dynamic speculation at k = 0, an ngram with no match):
+        # inexact chunks would guess k drafts per step, all rejected
         return "counters", counters
     if chunks is not None and chunks.draft_tokens_known:
         return "chunks", chunks

@@ -38,7 +38,15 @@ from specproxy.core.stats import median
 
 MIN_REQUESTS = 5  # a band speaks from this many requests on
 COLLAPSE = 0.10  # the server's decode tok/s falling by more than this from one band to the next larger: a collapse
-DRAFTING_OFF = 0.05  # a band the schedule gives k = 0 may show this share of drafting steps (its edges) and no more
+# A band the schedule gives k = 0 may show this share of drafting steps and no more: its requests' decode also spans
+# moments of fewer requests in flight (a wave's tail runs alone), where the schedule drafts
+DRAFTING_OFF = 0.25
+MIN_DRAFT_TOKENS = 200  # a band's acceptance says speculation loses from this many draft tokens on
+LOSING_BELOW = 0.98  # ... when it predicts less than this speedup
+# Flags that say the record's chunks are not one engine step each (docs/records.md)
+NOT_STEPS = frozenset(
+    {"chunks_not_steps_engine", "stream_interval_suspected", "several_choices", "chunks_fewer_than_steps"}
+)
 OVER_K = 0.25  # draft tokens per drafting step above the schedule's k by more than this: more than it allows
 
 
@@ -64,7 +72,8 @@ class Schedule:
 
     def describe(self) -> str:
         if self.ranges:
-            return ", ".join(f"{lo}-{hi}: k={min(self.k, k)}" for lo, hi, k in self.ranges)
+            return ", ".join(f"{lo}-{hi}: k={min(self.k, k)}" if hi > lo else f"{lo}: k={min(self.k, k)}"
+                             for lo, hi, k in self.ranges)  # fmt: skip
         if self.disable_above is not None:
             return f"k={self.k} up to {self.disable_above} requests, none above"
         return f"k={self.k} at every batch size"
@@ -132,9 +141,16 @@ class Band:
         return f"{self.lo}-{self.hi}" if self.hi > self.lo else str(self.lo)
 
 
+def _steps_seen(rec: Record) -> bool:
+    """Whether each token-bearing chunk was one engine step. Closer than ``chunks_are_steps``, which also asks for
+    exact token counts per chunk: a stream whose usage came only at its end (its chunk counts scaled) still has one
+    event per step."""
+    return bool(rec["stream"]) and not NOT_STEPS.intersection(rec["flags"])
+
+
 def _step_s(rec: Record) -> float | None:
     """The request's mean decode step (its decode span over its steps), when its chunks are its steps."""
-    if not rec["chunks_are_steps"]:
+    if not _steps_seen(rec):
         return None
     times = [t for t, n in rec["chunks"] if n > 0]
     return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
@@ -146,13 +162,13 @@ class Point:
 
     rec: Record
     step_s: float | None
-    decode_steps: int | None  # token chunks after the first, when chunks are steps
+    decode_steps: int | None  # token chunks after the first, when they are steps
 
 
 def point_of(rec: Record) -> Point:
     light = Record(**rec)
     light["chunks"] = []
-    steps = sum(1 for _, n in rec["chunks"] if n > 0) - 1 if rec["chunks_are_steps"] else None
+    steps = sum(1 for _, n in rec["chunks"] if n > 0) - 1 if _steps_seen(rec) else None
     return Point(light, _step_s(rec), steps if steps is not None and steps > 0 else None)
 
 
@@ -196,7 +212,7 @@ def _band(bucket: int, xs: list[tuple[float, Point]], schedule: Schedule | None)
         steps_per_decode = share if share is not None else 1.0  # steps without drafts cost and gain nothing more
         speedup = (1 + steps_per_decode * (gain - 1)) / (1 + steps_per_decode * DEFAULT_DRAFT_COST * k)
     why: list[str] = []
-    losing = speedup is not None and speedup < 1.0
+    losing = speedup is not None and speedup < LOSING_BELOW and draft_tokens >= MIN_DRAFT_TOKENS
     if losing:
         why.append(f"acceptance {rate:.0%} at k={draft_k:.1f} predicts {speedup:.2f}x: drafts cost more than they gain")
     expected = mismatch = None
@@ -206,7 +222,12 @@ def _band(bucket: int, xs: list[tuple[float, Point]], schedule: Schedule | None)
         expected = max(set(ks), key=ks.count)
         mismatch = _mismatch(expected, draft_k, share)
         if mismatch:
-            ran = "nothing drafted" if draft_k is None else f"{draft_k:.1f} draft tokens per drafting step"
+            if draft_k is None:
+                ran = "nothing drafted"
+            elif expected == 0 and share is not None:
+                ran = f"drafts on {share:.0%} of its decode steps"
+            else:
+                ran = f"{draft_k:.1f} draft tokens per drafting step"
             why.append(f"the schedule says k={expected} here, the engine ran {ran}: the schedule has no effect")
     return Band(
         lo=lo, hi=hi, requests=len(xs), in_flight=in_flight, draft_k=draft_k, drafting_share=share,
@@ -216,9 +237,11 @@ def _band(bucket: int, xs: list[tuple[float, Point]], schedule: Schedule | None)
     )  # fmt: skip
 
 
-def _mismatch(expected: int, draft_k: float | None, share: float | None) -> bool:
+def _mismatch(expected: int, draft_k: float | None, share: float | None) -> bool | None:
     if expected == 0:
-        return draft_k is not None and (share is None or share > DRAFTING_OFF)
+        if draft_k is None:
+            return False
+        return None if share is None else share > DRAFTING_OFF  # steps unknown: drafts at the edges, or not?
     if draft_k is None:
         return True  # a k that should run drafted nothing
     return draft_k > expected + OVER_K  # fewer can be right (ngram proposes 1..k), more never
