@@ -90,7 +90,8 @@ async def test_the_proxy_checks_the_engines_schedule_per_band_of_requests_in_fli
                 st: dict[str, Any] = json.loads(await r.read())
             bands = {b["band"]: b for b in st["advice"]["bands"]}
             # requests that decoded at the waves' edges may land in bands too small to speak
-            if "1" in bands and bands["1"]["requests"] == 6 and sum(b["requests"] for b in bands.values()) >= 20:
+            # (and on a busy host a wave's last request may decode alone: band 1 then has more than the first 6)
+            if "1" in bands and bands["1"]["requests"] >= 6 and sum(b["requests"] for b in bands.values()) >= 20:
                 break
             assert asyncio.get_running_loop().time() < deadline, st["advice"]["bands"]
             await asyncio.sleep(0.1)
@@ -101,7 +102,8 @@ async def test_the_proxy_checks_the_engines_schedule_per_band_of_requests_in_fli
     assert bands["1"]["draft_k"] == 3.0 and bands["1"]["in_flight"] < 1.5
     busy = [b for b in bands.values() if b["lo"] >= 3]
     assert busy and all(b["expected_k"] == 0 and b["schedule_mismatch"] for b in busy), bands
-    assert "the schedule has no effect" in busy[-1]["why"][-1]
+    # (on a busy host the simulator's throughput may also fall with the batch: said too, in its own line)
+    assert any("the schedule has no effect" in why for why in busy[-1]["why"])
     assert f'specproxy_band_schedule_mismatch{{band="{busy[-1]["band"]}"}} 1.0' in metrics
     assert 'specproxy_band_schedule_mismatch{band="1"} 0.0' in metrics
 
