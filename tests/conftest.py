@@ -46,6 +46,7 @@ UNIT_MODULES = frozenset(
         "test_core_inference",
         "test_core_prom",
         "test_core_schema",
+        "test_core_spans",
         "test_core_sse",
         "test_core_stream",
         "test_http1",
