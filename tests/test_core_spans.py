@@ -28,11 +28,6 @@ MIXED = (
 )
 
 
-def _types(pieces: list[str]) -> list[str]:
-    c = SpanClassifier()
-    return [SPAN_TYPES[c.feed(p)] for p in pieces]
-
-
 def _counts(pieces: list[str]) -> list[int]:
     c = SpanClassifier()
     total = [0] * len(SPAN_TYPES)

@@ -24,6 +24,7 @@ import aiohttp
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
+from specproxy.attribution.spans import span_block
 from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_figure
 from specproxy.core.errors import one_line
 from specproxy.core.inference import is_inference, kind_of
@@ -289,6 +290,10 @@ class Recorder:
                 count=trace.overhead_count,
             )
         rec["spec"] = choice.spec_block()
+        if tl.stream:
+            rec["spans"] = span_block(
+                tl.chunks, tl.span_codes, chunks_are_steps=choice.chunks_are_steps, spec=rec["spec"]
+            )
         if self.config.capture == "full" and tl.response_text is not None:
             rec["response_text"] = redact_values(tl.response_text)  # a model may echo a key it was given
         return rec
@@ -342,6 +347,7 @@ class Recorder:
             "flags": flags,
             "proxy_overhead_s": None,
             "spec": None,
+            "spans": None,
             "request": captured,
             "response_text": None,
             "replay_of": meta.replay_of,
