@@ -33,6 +33,7 @@ UNIT_MODULES = frozenset(
         "test_analysis_report",
         "test_analysis_report_stream",
         "test_analysis_roofline",
+        "test_analysis_spans",
         "test_analysis_tables_escape",
         "test_attribution_choice",
         "test_attribution_counts",
