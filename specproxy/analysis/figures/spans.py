@@ -29,12 +29,13 @@ class SpanFigure:
     basis: str  # "steps" (measured) or "shared"
     steps: float
     accepted: float
-    draft_tokens: float | None  # None when a record of the basis did not know its draft tokens
+    draft_tokens: float | None  # of the records that knew theirs (k known); None when none did
+    accepted_known: float  # accepted in those records: acceptance rate = accepted_known / draft_tokens
     left_out: int  # records of the other basis left out of the figure (shared ones, where some measured)
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens else None
+        return self.accepted_known / self.draft_tokens if self.draft_tokens else None
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -51,21 +52,22 @@ class SpanFigures:
 
 
 class _Cell:
-    __slots__ = ("accepted", "draft_known", "draft_tokens", "requests", "steps")
+    __slots__ = ("accepted", "accepted_known", "draft_known", "draft_tokens", "requests", "steps")
 
     def __init__(self) -> None:
         self.requests = 0
         self.steps = self.accepted = self.draft_tokens = 0.0
-        self.draft_known = True
+        self.accepted_known = 0.0  # accepted in the cells whose draft tokens are known: the rate's numerator
+        self.draft_known = False
 
     def add(self, c: SpanCell) -> None:
         self.requests += 1
         self.steps += c["steps"]
         self.accepted += c["accepted"]
-        if c["draft_tokens"] is None:
-            self.draft_known = False
-        else:
+        if c["draft_tokens"] is not None:
+            self.draft_known = True
             self.draft_tokens += c["draft_tokens"]
+            self.accepted_known += c["accepted"]
 
 
 class SpanPool:
@@ -121,6 +123,7 @@ class SpanPool:
                     steps=use.steps,
                     accepted=use.accepted,
                     draft_tokens=use.draft_tokens if use.draft_known else None,
+                    accepted_known=use.accepted_known,
                     left_out=other.requests if other is not None else 0,
                 )
             out[table] = figs
