@@ -26,6 +26,7 @@ class StreamChunk:
     n_choices: int = 0
     role: bool = False  # the chat role chunk (``delta.role``)
     text: str = ""  # content + reasoning + tool-call argument deltas, all choices
+    tool: bool = False  # a delta carried tool calls: its text is (mostly) their JSON arguments
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # cumulative, as the server reports it
@@ -91,7 +92,7 @@ def interpret_json(obj: Any) -> StreamChunk:
         return StreamChunk(kind="error", error=obj)
     choices = obj.get("choices")
     n_choices = 0
-    role = False
+    role = tool = False
     texts: list[str] = []
     finish: str | None = None
     n_ids: int | None = None
@@ -105,8 +106,9 @@ def interpret_json(obj: Any) -> StreamChunk:
             if isinstance(index, int) and index > max_index:
                 max_index = index
             delta = choice.get("delta")
-            if isinstance(delta, dict) and "role" in delta:
-                role = True
+            if isinstance(delta, dict):
+                role = role or "role" in delta
+                tool = tool or "tool_calls" in delta
             message = choice.get("message")
             if isinstance(message, dict):  # non-streaming chat body
                 content = message.get("content")
@@ -152,6 +154,7 @@ def interpret_json(obj: Any) -> StreamChunk:
         n_choices=n_choices,
         role=role,
         text="".join(texts),
+        tool=tool,
         finish_reason=finish,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,

@@ -23,7 +23,7 @@ import orjson
 
 from specproxy.core.salvage import GLUED, glued_tail
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -59,6 +59,22 @@ class SpecBlock(TypedDict):
     per_position: list[float]
     tokens_per_step: dict[str, int]  # tokens per decode step (as a string) -> steps
     estimates: Estimates
+
+
+class SpanCell(TypedDict):
+    """Decode steps, their tokens, accepted drafts and draft tokens (null when unknown) in one span type or position
+    bucket; shares of the request's figure when the block's basis is ``shared``."""
+
+    steps: float
+    tokens: float
+    accepted: float
+    draft_tokens: float | None
+
+
+class SpanBlock(TypedDict):
+    basis: str  # "steps" (measured per step from the chunks) or "shared" (the request's figure spread by tokens)
+    types: dict[str, SpanCell]  # span type (core.spans.SPAN_TYPES) -> its cell
+    positions: dict[str, SpanCell]  # lower edge of the output-position bucket (attribution.spans) -> its cell
 
 
 class Overhead(TypedDict):
@@ -105,6 +121,7 @@ class Record(TypedDict):
     flags: list[str]
     proxy_overhead_s: Overhead | None
     spec: SpecBlock | None
+    spans: SpanBlock | None  # where the drafts landed: per span type and output position; null before v8
     request: Any  # the captured request body (JSON), or None
     response_text: str | None
     replay_of: str | None
@@ -162,6 +179,8 @@ _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     5: _adding("trace_parent", "buffer_sized_reads"),
     # 7: a shadow's live request (proxy --shadow); version 6 sent no shadows
     6: _adding("shadow_of"),
+    # 8: acceptance per span type and output position; version 7 did not split it
+    7: _adding("spans"),
 }
 
 
@@ -343,6 +362,26 @@ def _spec(v: Any) -> SpecBlock | None:
     )
 
 
+def _span_cells(v: Any) -> dict[str, SpanCell]:
+    out: dict[str, SpanCell] = {}
+    for key, c in v.items() if isinstance(v, Mapping) else ():
+        if not isinstance(c, Mapping):
+            continue
+        steps, tokens, accepted = number(c.get("steps")), number(c.get("tokens")), number(c.get("accepted"))
+        if steps is None or tokens is None or accepted is None:
+            continue
+        out[str(key)] = SpanCell(
+            steps=steps, tokens=tokens, accepted=accepted, draft_tokens=number(c.get("draft_tokens"))
+        )
+    return out
+
+
+def _spans(v: Any) -> SpanBlock | None:
+    if not isinstance(v, Mapping) or not isinstance(basis := v.get("basis"), str):
+        return None
+    return SpanBlock(basis=basis, types=_span_cells(v.get("types")), positions=_span_cells(v.get("positions")))
+
+
 def _overhead(v: Any) -> Overhead | None:
     if not isinstance(v, Mapping):
         return None
@@ -403,6 +442,7 @@ def as_record(obj: Mapping[str, Any]) -> Record:
         flags=[f for f in flags if isinstance(f, str)] if isinstance(flags, list) else [],
         proxy_overhead_s=_overhead(obj.get("proxy_overhead_s")),
         spec=_spec(obj.get("spec")),
+        spans=_spans(obj.get("spans")),
         request=obj.get("request"),
         response_text=_str(obj.get("response_text")),
         replay_of=_str(obj.get("replay_of")),

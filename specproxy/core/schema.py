@@ -26,7 +26,8 @@ FIELDS: tuple[Field, ...] = (
         ("schema_version",),
         "int",
         (
-            "7 (version 6 had no `shadow_of`, version 5 no `trace_parent` nor `buffer_sized_reads`, version 4 no "
+            "8 (version 7 had no `spans`, version 6 no `shadow_of`, version 5 no `trace_parent` nor "
+            "`buffer_sized_reads`, version 4 no "
             "`chunk_token_source`, "
             "version 3 no `engine` / `engine_timings`, version 2 no `conversation` and `turn`, version 1 no "
             "`cached_tokens`; readers upgrade them with nulls)"
@@ -285,6 +286,16 @@ FIELDS: tuple[Field, ...] = (
             "mean_acceptance_length",
             "spec_per_position",
         ),
+    ),
+    Field(
+        ("spans",),
+        "object or null",
+        (
+            "where the drafts landed: decode steps, tokens, accepted drafts and draft tokens per span type of the "
+            "text and per output position, below ([Spans](#spans)); null when the response was not streamed or had "
+            "no decode step, and in records older than version 8"
+        ),
+        "not exported: nested per span type and position; read it from the JSONL (`report` pools it)",
     ),
     Field(
         ("request",),

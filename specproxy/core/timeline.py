@@ -23,6 +23,7 @@ from specproxy.core.dialects import Dialect, dialect_for, stream_framing
 from specproxy.core.dialects.engine import PER_TOKEN_ENGINES
 from specproxy.core.ndjson import NDJSONDecoder
 from specproxy.core.openai_stream import StreamChunk
+from specproxy.core.spans import SpanClassifier
 from specproxy.core.sse import SSEDecoder
 from specproxy.core.stats import decode_tok_s
 from specproxy.core.tokens import ChunkTokenCounter, Tokenizer, TokenSource
@@ -68,6 +69,7 @@ class TimelineResult:
     dialect: str = "openai"
     engine_hint: str | None = None  # the engine the response's shape names (core.dialects.engine)
     engine_timings: dict[str, float] | None = None  # the engine's own counts and durations (tokens, seconds)
+    span_codes: bytes = b""  # per chunk, what it wrote: an index into core.spans.SPAN_TYPES (streams only)
 
 
 class ResponseTimeline:
@@ -108,6 +110,8 @@ class ResponseTimeline:
         self._body = bytearray()
         self._body_over = False
         self.chunks: list[tuple[float, int]] = []
+        self._spans = SpanClassifier()
+        self.span_codes = bytearray()  # one per entry of chunks
         self._sources: Counter[str] = Counter()
         self.events = 0
         self.reads = 0
@@ -258,6 +262,7 @@ class ResponseTimeline:
                 self.first_token_ns = t_ns
             self.last_token_ns = t_ns
         self.chunks.append(((t_ns - self.start_ns) / 1e9, n))
+        self.span_codes.append(self._spans.feed(c.text, c.tool))
         return True
 
     # -- result ------------------------------------------------------------------------------------------------------
@@ -342,6 +347,7 @@ class ResponseTimeline:
             dialect=self.dialect.name,
             engine_hint=self._engine,
             engine_timings=self._engine_timings,
+            span_codes=bytes(self.span_codes),
         )
 
     def _parse_body(self, end_ns: int) -> None:

@@ -21,9 +21,12 @@ from typing import Any
 
 import aiohttp
 
+from specproxy.analysis.figures.spans import SpanPool
+from specproxy.analysis.report.spans import spans_json
 from specproxy.attribution.choice import Evidence, decide
 from specproxy.attribution.counts import SpecCounts, counts_of_block
 from specproxy.attribution.ledger import CounterAttribution, CounterLedger
+from specproxy.attribution.spans import span_block
 from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_figure
 from specproxy.core.errors import one_line
 from specproxy.core.inference import is_inference, kind_of
@@ -98,6 +101,7 @@ class Recorder:
         self._finalizers: set[asyncio.Task[None]] = set()
         self.in_flight = 0
         self.workload_spec: dict[str, SpecCounts] = {}
+        self.workload_spans: dict[str, SpanPool] = {}  # running sums per span type and output position
         self.workload_requests: dict[str, dict[str, int]] = {}
         self.refused_requests: dict[int, int] = {}
         self.passthrough: dict[str, dict[str, int]] = {}  # requests that are not inference: kind -> outcome -> n
@@ -289,6 +293,10 @@ class Recorder:
                 count=trace.overhead_count,
             )
         rec["spec"] = choice.spec_block()
+        if tl.stream:
+            rec["spans"] = span_block(
+                tl.chunks, tl.span_codes, chunks_are_steps=choice.chunks_are_steps, spec=rec["spec"]
+            )
         if self.config.capture == "full" and tl.response_text is not None:
             rec["response_text"] = redact_values(tl.response_text)  # a model may echo a key it was given
         return rec
@@ -342,6 +350,7 @@ class Recorder:
             "flags": flags,
             "proxy_overhead_s": None,
             "spec": None,
+            "spans": None,
             "request": captured,
             "response_text": None,
             "replay_of": meta.replay_of,
@@ -372,6 +381,10 @@ class Recorder:
             m.inter_token.observe_many(w, [g / n for g, n in gaps], [n for _, n in gaps])
         if (po := rec["proxy_overhead_s"]) is not None:
             m.overhead.observe(po["mean"])
+        spans = self.workload_spans.get(w)
+        if spans is None:
+            spans = self.workload_spans[w] = SpanPool()
+        spans.add(rec)
         spec = rec["spec"]
         if spec is not None and spec["source"]:
             got = counts_of_block(spec)
@@ -397,6 +410,8 @@ class Recorder:
                 "acceptance_rate": acc.acceptance_rate,
                 "mean_acceptance_length": acc.mean_acceptance_length,
                 "zero_acceptance": _zero_acceptance(acc),
+                # where drafts land (span types, output positions), mean acceptance length pooled and per request
+                "spans": spans_json(pool.result()) if (pool := self.workload_spans.get(w)) is not None else None,
             }
         sc = self.scraper.state
         cum = sc.cumulative

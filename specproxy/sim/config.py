@@ -37,7 +37,8 @@ import orjson
 from specproxy.sim.faults import parse_faults
 
 SPEC_METHODS: tuple[str, ...] = ("none", "mtp", "ngram", "eagle", "draft_model")
-CORPORA: tuple[str, ...] = ("code", "ja", "en")
+CORPORA: tuple[str, ...] = ("code", "ja", "en", "mixed")
+SPAN_KINDS: tuple[str, ...] = ("prose", "code", "json", "math", "cjk", "whitespace")  # as core/spans.py names them
 METRICS_FAULTS: tuple[str, ...] = ("none", "fail", "hang")
 SIM_DIALECTS: tuple[str, ...] = ("vllm", "sglang", "ollama", "llamacpp")  # the engine the server poses as
 PER_REQUEST_METRICS: tuple[str, ...] = ("summary", "detailed")
@@ -52,7 +53,11 @@ class Profile:
         extra position (never below 0.05).
     ngram_draft_prob: with `spec_method="ngram"`, the mean probability that a decode step finds a match and drafts
         (each request draws its own around it: engine.py).
-    corpus: which built-in text the answer is made of: "code", "ja" (Japanese casual chat) or "en".
+    corpus: which built-in text the answer is made of: "code", "ja" (Japanese casual chat), "en", or "mixed" (prose,
+        a code fence, Japanese, a JSON object and display math in turn, each followed by a blank line).
+    span_accept: per span type of the text being drafted (SPAN_KINDS), its own conditional acceptance per position,
+        in place of `accept` while the step's text is of that type. With it, a step never runs past the end of its
+        span (a draft beyond it is rejected), so each step lies in one span and the truth per span is exact.
     min_output_tokens / max_output_tokens: natural answer length range (uniform, seeded), EOS included.
     """
 
@@ -61,12 +66,16 @@ class Profile:
     corpus: str
     min_output_tokens: int = 60
     max_output_tokens: int = 400
+    span_accept: Mapping[str, tuple[float, ...]] | None = None
 
-    def accept_at(self, position: int) -> float:
-        if position < len(self.accept):
-            return self.accept[position]
-        extra = position - len(self.accept) + 1
-        return max(0.05, self.accept[-1] - 0.02 * extra)
+    def accept_at(self, position: int, span: str | None = None) -> float:
+        accept = self.accept
+        if span is not None and self.span_accept is not None:
+            accept = self.span_accept.get(span, accept)
+        if position < len(accept):
+            return accept[position]
+        extra = position - len(accept) + 1
+        return max(0.05, accept[-1] - 0.02 * extra)
 
     def validate(self, name: str) -> None:
         if not self.accept:
@@ -78,6 +87,11 @@ class Profile:
             raise ValueError(f"profile {name!r}: corpus must be one of {', '.join(CORPORA)}, got {self.corpus!r}")
         if not 1 <= self.min_output_tokens <= self.max_output_tokens:
             raise ValueError(f"profile {name!r}: need 1 <= min_output_tokens <= max_output_tokens")
+        for span, accept in (self.span_accept or {}).items():
+            if span not in SPAN_KINDS:
+                raise ValueError(f"profile {name!r}: span_accept keys must be among {', '.join(SPAN_KINDS)}: {span!r}")
+            if not accept or not all(isinstance(p, int | float) and 0.0 <= p <= 1.0 for p in accept):
+                raise ValueError(f"profile {name!r}: span_accept[{span!r}] must list probabilities between 0 and 1")
 
 
 DEFAULT_PROFILES: Mapping[str, Profile] = MappingProxyType(
@@ -241,7 +255,7 @@ def load_profiles(path: Path, base: Mapping[str, Profile] = DEFAULT_PROFILES) ->
     if not isinstance(raw, dict):
         raise ValueError(f"profiles file {path} must hold a JSON object of name -> profile")
     out = dict(base)
-    known = {"accept", "ngram_draft_prob", "corpus", "min_output_tokens", "max_output_tokens"}
+    known = {"accept", "ngram_draft_prob", "corpus", "min_output_tokens", "max_output_tokens", "span_accept"}
     for name, spec in raw.items():
         if not isinstance(spec, dict):
             raise ValueError(f"profile {name!r} must be a JSON object")
@@ -256,9 +270,18 @@ def load_profiles(path: Path, base: Mapping[str, Profile] = DEFAULT_PROFILES) ->
                 corpus=str(spec.get("corpus", parent.corpus)),
                 min_output_tokens=int(spec.get("min_output_tokens", parent.min_output_tokens)),
                 max_output_tokens=int(spec.get("max_output_tokens", parent.max_output_tokens)),
+                span_accept=_span_accept(spec["span_accept"]) if "span_accept" in spec else parent.span_accept,
             )
-        except (TypeError, ValueError):
-            raise ValueError(f"profile {name!r}: accept must be a list of numbers, lengths integers") from None
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError(
+                f"profile {name!r}: accept (and span_accept's values) must be lists of numbers, lengths integers"
+            ) from None
         profile.validate(name)
         out[name] = profile
     return out
+
+
+def _span_accept(raw: object) -> dict[str, tuple[float, ...]]:
+    if not isinstance(raw, dict):
+        raise TypeError("span_accept must be an object")
+    return {str(k): tuple(float(p) for p in v) for k, v in raw.items()}

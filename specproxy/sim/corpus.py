@@ -127,6 +127,24 @@ EN_SENTENCES: tuple[str, ...] = (
     "I hope this helps, and good luck with your project!",
 )
 
+JSON_OBJECTS: tuple[str, ...] = (
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
+    '{"id": 42, "tags": ["fast", "cheap"], "ok": true}',
+    '{"query": "open issues", "limit": 10, "sort": {"by": "created", "desc": false}}',
+    '{"user": {"name": "Ada", "roles": ["admin", "dev"]}, "active": true}',
+)
+
+MATH_LINES: tuple[str, ...] = (
+    "$$\\int_0^1 x^2 \\, dx = \\frac{1}{3}$$",
+    "$$e^{i \\pi} + 1 = 0$$",
+    "$$\\sum_{k=1}^{n} k = \\frac{n (n + 1)}{2}$$",
+    "$$a^2 + b^2 = c^2$$",
+)
+
+# The mixed corpus: spans of these kinds in turn, each followed by a blank line (a span of its own, "whitespace"),
+# so that every token has one span type that core/spans.py finds in the text (tests/test_sim_spans.py)
+MIXED_SPANS: tuple[str, ...] = ("prose", "code", "cjk", "json", "math")
+
 _CODE_TOKEN = re.compile(r" ?[A-Za-z_]+| ?\d+| ?[^\sA-Za-z_\d]{1,2}|\n| +")
 _EN_TOKEN = re.compile(r" ?[A-Za-z']+| ?\d+| ?[^\sA-Za-z'\d]")
 _JAPANESE = re.compile(r"[\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff]")
@@ -152,28 +170,43 @@ def token_id(piece: str) -> int:
     return 1000 + zlib.crc32(piece.encode()) % 48000
 
 
-class TokenStream:
-    """An endless, seeded stream of (text, id) tokens in one corpus."""
+_CORPUS_SPAN = {"code": "code", "ja": "cjk", "en": "prose"}
 
-    __slots__ = ("_buffer", "_corpus", "_rng", "_started")
+
+class TokenStream:
+    """An endless, seeded stream of (text, id) tokens in one corpus; :attr:`span` is the span type (as
+    :data:`specproxy.core.spans.SPAN_TYPES` names them) of the token last returned."""
+
+    __slots__ = ("_buffer", "_corpus", "_next_span", "_rng", "_started", "_turn", "span")
 
     def __init__(self, corpus: str, rng: random.Random) -> None:
         self._corpus = corpus
         self._rng = rng
         self._buffer: list[str] = []
         self._started = False
+        self._turn = -1  # the mixed corpus: which of MIXED_SPANS came last (-1: none yet); odd refills are blank lines
+        self._next_span = _CORPUS_SPAN.get(corpus, "prose")
+        self.span = self._next_span
 
     def next(self) -> tuple[str, int]:
+        self.ahead()
+        piece = self._buffer.pop()
+        self.span = self._next_span
+        return piece, token_id(piece)
+
+    def ahead(self) -> tuple[str, int]:
+        """The span type of the next token, and how many tokens of that span are left counting it."""
         while not self._buffer:
             self._buffer = self._refill()
             self._buffer.reverse()
-        piece = self._buffer.pop()
-        return piece, token_id(piece)
+        return self._next_span, len(self._buffer) if self._corpus == "mixed" else 1 << 30
 
     def _refill(self) -> list[str]:
         first = not self._started
         self._started = True
         rng = self._rng
+        if self._corpus == "mixed":
+            return self._mixed(rng)
         if self._corpus == "code":
             pieces = ["```", "python", "\n"] if first else []
             start = rng.randrange(len(CODE_LINES))
@@ -191,3 +224,36 @@ class TokenStream:
             return out
         sentence = rng.choice(EN_SENTENCES)
         return _EN_TOKEN.findall(sentence if first else " " + sentence)
+
+    def _mixed(self, rng: random.Random) -> list[str]:
+        """One span of the mixed corpus, or the blank line after one."""
+        if self._next_span != "whitespace" and self._turn >= 0:
+            self._next_span = "whitespace"
+            return ["\n", "\n"]
+        self._turn = (self._turn + 1) % len(MIXED_SPANS)
+        kind = self._next_span = MIXED_SPANS[self._turn]
+        if kind == "code":
+            pieces = ["```", "python", "\n"]
+            start = rng.randrange(len(CODE_LINES) - 3)
+            for line in CODE_LINES[start : start + rng.randint(2, 4)]:
+                pieces.extend(_CODE_TOKEN.findall(line))
+            return [*pieces, "```"]
+        if kind == "cjk":
+            out: list[str] = []
+            for sentence in rng.sample(JA_SENTENCES, 2):
+                i = 0
+                while i < len(sentence):
+                    n = rng.randint(1, 3)
+                    out.append(sentence[i : i + n])
+                    i += n
+            return out
+        if kind == "json":
+            return _CODE_TOKEN.findall(rng.choice(JSON_OBJECTS))
+        if kind == "math":
+            line = rng.choice(MATH_LINES)
+            return ["$$", *_CODE_TOKEN.findall(line[2:-2]), "$$"]
+        text = " ".join(rng.sample(_PLAIN_EN, 2))
+        return _EN_TOKEN.findall(text)
+
+
+_PLAIN_EN = tuple(s for s in EN_SENTENCES if "-" not in s)  # "-" alone reads as markup (whitespace)

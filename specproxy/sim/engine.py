@@ -21,6 +21,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from specproxy.attribution.spans import position_bucket
 from specproxy.sim.config import Profile, SimConfig
 from specproxy.sim.corpus import EOS_TOKEN_ID, TokenStream
 from specproxy.sim.records import RequestTruth, StepOutput, StepReport, Totals
@@ -226,10 +227,14 @@ class EngineCore:
         prefill = not req.prefilled
         req.prefilled = True
         drafted = req.drafted_now
-        n_emit, accepted, finish = _plan_emission(req.truth, req.emitted, _draw_accepted(req, drafted))
+        drawn = _draw_accepted(req, drafted)
+        n_emit, accepted, finish = _plan_emission(req.truth, req.emitted, drawn)
+        index = req.emitted
         texts, ids = _emit_tokens(req, n_emit, ends_on_eos=finish == "stop")
         req.emitted += n_emit
         _record_verification(req.truth, drafted, accepted, n_emit, prefill)
+        if not prefill:
+            _record_span(req.truth, req.text.span, index, drafted, n_emit)
         req.truth.completion_tokens = req.emitted
         ttft, itl, queue = _stamp_token_times(req, prefill, now_s)
         e2e = self._retire(req, finish, now_s) if finish is not None else None
@@ -292,11 +297,27 @@ class EngineCore:
 
 
 def _draw_accepted(req: SimRequest, drafted: int) -> int:
-    """How many of `drafted` draft tokens the target model accepts: position i only if i-1 was."""
+    """How many of `drafted` draft tokens the target model accepts: position i only if i-1 was. With per-span
+    acceptance (`Profile.span_accept`), by the span of the text the step starts in, and never past that span's end."""
+    span, left = req.text.ahead() if req.profile.span_accept is not None and drafted else (None, drafted + 1)
+    drafted = min(drafted, left - 1)
     accepted = 0
-    while accepted < drafted and req.accept_rng.random() < req.profile.accept_at(accepted):
+    while accepted < drafted and req.accept_rng.random() < req.profile.accept_at(accepted, span):
         accepted += 1
     return accepted
+
+
+def _record_span(truth: RequestTruth, span: str, index: int, drafted: int, n_emit: int) -> None:
+    """One decode step in the truth per span type (of its last token's text) and per output position (of its first
+    token): steps, tokens, accepted (emitted) and draft tokens, as a record's `spans` counts them."""
+    for table, key in ((truth.spans, span), (truth.positions, str(position_bucket(index)))):
+        cell = table.get(key)
+        if cell is None:
+            cell = table[key] = [0, 0, 0, 0]
+        cell[0] += 1
+        cell[1] += n_emit
+        cell[2] += n_emit - 1
+        cell[3] += drafted
 
 
 def _plan_emission(truth: RequestTruth, emitted: int, accepted: int) -> tuple[int, int, str | None]:

@@ -36,6 +36,10 @@ class RequestTruth:
     per_step_accepted: list[int] = field(default_factory=list)
     per_step_drafted: list[int] = field(default_factory=list)
     step_emitted: list[int] = field(default_factory=list)
+    # per span type of the text (core/spans.py's names) and per output-position bucket (the lower edge, as a string),
+    # over decode steps: [steps, tokens, accepted (emitted), draft tokens]
+    spans: dict[str, list[int]] = field(default_factory=dict)
+    positions: dict[str, list[int]] = field(default_factory=dict)
     aborted: bool = False
     aborted_at_s: float | None = None
     submitted_at_s: float | None = None

@@ -6,5 +6,7 @@ pooled acceptance, as tables, CSV and the JSON of ``docs/report-json.md``.
 - ``accum``: the report's figures, computed once: per-group accumulators fed in one streaming pass, in bounded memory
   (:class:`ReportBuilder`, :func:`stream_report`; :func:`build_report` for records already in memory).
 - ``render``: the report as tables and as JSON (:data:`render.JSON_VERSION` versions every JSON document).
+- ``spans``: where drafts land (acceptance per span type and output position) and mean acceptance length pooled
+  beside its per-request mean, as tables and JSON.
 - ``benchmark``: time and memory of the report on N synthetic records (``python -m``, ``docs/analysis-at-scale.md``).
 """

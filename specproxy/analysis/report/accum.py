@@ -20,6 +20,7 @@ from specproxy.analysis.figures.groups import DEFAULT_GROUP_BY, Grouping
 from specproxy.analysis.figures.records import RunSpan, is_ok, key_value
 from specproxy.analysis.figures.sketch import Quantiles
 from specproxy.analysis.figures.slo import FigureSpec, GoodputCount, percentile_name
+from specproxy.analysis.figures.spans import SpanPool
 from specproxy.analysis.inputs.scan import ChunkBatch, GapSink, Item, StepSink, item_of
 from specproxy.analysis.report.model import DEFAULT_SPEC, Figure, GroupReport, Report, combine
 from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
@@ -136,6 +137,7 @@ class GroupAcc:
         self.truncated = 0
         self.decode_off_engine = 0
         self.pool = AcceptancePool()
+        self.spans = SpanPool()
         self.parts: dict[tuple[str, str], PartAcc] = {}
         self.repeated = False
 
@@ -151,6 +153,7 @@ class GroupAcc:
         if OFF_ENGINE_FLAG in rec["flags"]:
             self.decode_off_engine += 1
         self.pool.add(rec)
+        self.spans.add(rec)
         if rec["repeat"] is not None:
             self.repeated = True
         key = (key_value(rec, "run_id"), key_value(rec, "repeat"))
@@ -188,6 +191,7 @@ class GroupAcc:
             chunks_not_steps=self.chunks_not_steps,
             truncated=self.truncated,
             decode_off_engine=self.decode_off_engine,
+            spans=self.spans.result(),
         )
 
     def quantile_info(self) -> tuple[int, bool]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from specproxy.analysis.figures.acceptance import Acceptance
 from specproxy.analysis.figures.slo import FigureSpec
+from specproxy.analysis.figures.spans import SpanFigures
 from specproxy.core.stats import median
 
 # Scalar figures by default, in the order tables show them (``--percentiles`` and ``--slo`` change the set: see
@@ -45,6 +46,7 @@ class GroupReport:
     chunks_not_steps: int
     truncated: int
     decode_off_engine: int = 0  # records flagged decode_rate_off_engine: their chunks arrived late
+    spans: SpanFigures | None = None  # where drafts land (span types, output positions), MAL pooled and per request
 
     @property
     def errors(self) -> int:

@@ -13,6 +13,7 @@ from specproxy.analysis.figures import sketch
 from specproxy.analysis.figures.acceptance import Acceptance
 from specproxy.analysis.figures.slo import FigureSpec
 from specproxy.analysis.report.model import GroupReport, Report
+from specproxy.analysis.report.spans import histogram_text, spans_json, spans_tables
 from specproxy.analysis.tables import Table, fmt, fmt_ms, fmt_pct, fmt_signed_pct, fmt_spread
 from specproxy.core.record import OUTCOMES
 
@@ -36,13 +37,6 @@ def _keys(g: GroupReport) -> tuple[str, ...]:
 
 def position_text(acc: Acceptance) -> str:
     return " ".join(f"{r:.2f}" for r in acc.position_rates) or "-"
-
-
-def histogram_text(hist: dict[int, int] | Any) -> str:
-    total = sum(hist.values())
-    if not total:
-        return "-"
-    return " ".join(f"{n}:{c / total * 100.0:.0f}%" for n, c in sorted(hist.items()))
 
 
 def sources_text(sources: dict[str, int] | Any) -> str:
@@ -168,6 +162,7 @@ def report_tables(report: Report, warnings: Sequence[str] = ()) -> list[Table]:
         Table(
             "Requests by outcome", (*by, "requests", *outcomes), tuple(out_rows), (*left, *"r" * (1 + len(outcomes)))
         ),
+        *spans_tables(report),
     ]
 
 
@@ -254,6 +249,7 @@ def report_json(
                 "chunks_not_steps": g.chunks_not_steps,
                 "truncated": g.truncated,
                 "decode_off_engine": g.decode_off_engine,
+                "spans": spans_json(g.spans),
             }
             for g in report.groups
         ],

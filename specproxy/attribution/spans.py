@@ -1,0 +1,107 @@
+"""Where a request's drafts landed: its decode steps, tokens and accepted drafts per span type (what the text was,
+:mod:`specproxy.core.spans`) and per output position (the token index where each step began).
+
+Two bases, said in the block:
+
+- ``steps``: the chunks are engine steps, so each step that brought n tokens accepted n - 1 drafts right there in
+  the text: measured.
+- ``shared``: they are not (a buffering hop, a stream interval, counts from a tokenizer), so the request's chosen
+  figure (server, else counters) is spread over its spans in proportion to their tokens, the rule the counters'
+  attribution uses between requests: every span of the request gets its mean, nothing is measured per span.
+
+Draft tokens follow steps: a span's share of the request's draft tokens is its share of the request's drafts
+(k per step where every step drafts). Pure: chunks, span codes and the record's ``spec`` in, the record's ``spans``
+block out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specproxy.core.record import SpanBlock, SpanCell, SpecBlock
+from specproxy.core.spans import SPAN_TYPES
+
+# Buckets of output position: a step counts in the bucket of the index of its first token (the prefill token is 0)
+POSITION_EDGES: tuple[int, ...] = (0, 32, 128, 512, 2048)
+
+
+def position_bucket(index: int) -> int:
+    """The lower edge of the bucket holding output token ``index``."""
+    edge = 0
+    for e in POSITION_EDGES:
+        if index < e:
+            break
+        edge = e
+    return edge
+
+
+def span_block(
+    chunks: Sequence[tuple[float, int]], codes: bytes, *, chunks_are_steps: bool, spec: SpecBlock | None
+) -> SpanBlock | None:
+    """The record's ``spans`` (docs/records.md); None with no decode step, or neither steps nor a figure to share."""
+    # per key: [steps, tokens, accepted]
+    types: dict[str, list[float]] = {}
+    positions: dict[str, list[float]] = {}
+    index = 0
+    seen_first = False
+    for i, (_, n) in enumerate(chunks):
+        if n <= 0:
+            continue
+        if not seen_first:  # the prefill step: a token, no draft
+            seen_first = True
+            index += n
+            continue
+        code = codes[i] if i < len(codes) else 0
+        for table, key in ((types, SPAN_TYPES[code]), (positions, str(position_bucket(index)))):
+            cell = table.get(key)
+            if cell is None:
+                cell = table[key] = [0.0, 0.0, 0.0]
+            cell[0] += 1
+            cell[1] += n
+            cell[2] += n - 1
+        index += n
+    if not types:
+        return None
+    tokens = sum(c[1] for c in types.values())
+    drafts = spec["drafts"] if spec is not None else None
+    draft_tokens = spec["draft_tokens"] if spec is not None else None
+    per_step = draft_tokens / drafts if draft_tokens is not None and drafts else None
+    if chunks_are_steps:
+        basis = "steps"
+
+        def cell_of(c: list[float]) -> SpanCell:
+            return _cell(c[0], c[1], c[2], per_step * c[0] if per_step is not None else None)
+
+    else:
+        accepted = spec["accepted"] if spec is not None else None
+        if accepted is None or not drafts:
+            return None
+        basis = "shared"
+
+        def cell_of(c: list[float]) -> SpanCell:
+            share = c[1] / tokens
+            assert accepted is not None and drafts is not None
+            return _cell(
+                drafts * share, c[1], accepted * share, draft_tokens * share if draft_tokens is not None else None
+            )
+
+    return SpanBlock(
+        basis=basis,
+        types={k: cell_of(c) for k, c in types.items()},
+        positions={k: cell_of(c) for k, c in sorted(positions.items(), key=lambda kv: int(kv[0]))},
+    )
+
+
+def _cell(steps: float, tokens: float, accepted: float, draft_tokens: float | None) -> SpanCell:
+    return SpanCell(
+        steps=_num(steps),
+        tokens=_num(tokens),
+        accepted=_num(accepted),
+        draft_tokens=None if draft_tokens is None else _num(draft_tokens),
+    )
+
+
+def _num(v: float) -> float:
+    """Whole numbers as JSON integers, shares rounded to 4 decimals."""
+    r = round(v)
+    return int(r) if abs(v - r) < 1e-9 else round(v, 4)

@@ -1,0 +1,98 @@
+"""A request's acceptance per span type and output position (attribution/spans.py), measured and shared, and the
+record's ``spans`` read back (core/record.py), older records included."""
+
+from __future__ import annotations
+
+import orjson
+
+from specproxy.attribution.spans import position_bucket, span_block
+from specproxy.core.record import Estimates, SpecBlock, parse_line
+from specproxy.core.spans import SPAN_TYPES
+from specproxy.core.timeline import ResponseTimeline
+
+CODE, PROSE = SPAN_TYPES.index("code"), SPAN_TYPES.index("prose")
+
+
+def _spec(accepted: float, drafts: float, draft_tokens: float | None) -> SpecBlock:
+    return SpecBlock(
+        source="counters",
+        accepted=accepted,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        k=3,
+        acceptance_rate=None,
+        mean_acceptance_length=None,
+        per_position=[],
+        tokens_per_step={},
+        estimates=Estimates(server=None, chunks=None, counters=None),
+    )
+
+
+def test_position_buckets() -> None:
+    assert [position_bucket(i) for i in (0, 31, 32, 127, 128, 511, 512, 2047, 2048, 10**6)] == [
+        0,
+        0,
+        32,
+        32,
+        128,
+        128,
+        512,
+        512,
+        2048,
+        2048,
+    ]
+
+
+def test_steps_are_measured_where_they_land() -> None:
+    # prefill 1 token, then code steps of 4, 4, 1 tokens and prose steps of 1, 2; the step at index 30 spans 30-33
+    chunks = [(0.1, 1), (0.2, 4), (0.3, 4), (0.4, 1), (0.5, 1), (0.6, 2)]
+    chunks += [(0.7, 4)] * 5 + [(0.8, 2)]
+    codes = bytes([PROSE, CODE, CODE, CODE, PROSE, PROSE] + [CODE] * 5 + [PROSE])
+    block = span_block(chunks, codes, chunks_are_steps=True, spec=_spec(0, 11, 33))
+    assert block is not None and block["basis"] == "steps"
+    code, prose = block["types"]["code"], block["types"]["prose"]
+    assert (code["steps"], code["tokens"], code["accepted"], code["draft_tokens"]) == (8, 29, 21, 24)
+    assert (prose["steps"], prose["tokens"], prose["accepted"], prose["draft_tokens"]) == (3, 5, 2, 9)
+    # indexes of each step's first token: 1, 5, 9, 10, 11, 13, 17, 21, 25, 29 in bucket 0; 33 in bucket 32
+    assert block["positions"]["0"]["steps"] == 10 and block["positions"]["32"]["tokens"] == 2
+    assert list(block["positions"]) == ["0", "32"]
+
+
+def test_without_steps_the_request_figure_is_shared_by_tokens() -> None:
+    chunks = [(0.1, 1), (0.2, 6), (0.3, 2)]
+    block = span_block(chunks, bytes([PROSE, CODE, PROSE]), chunks_are_steps=False, spec=_spec(4, 4, 12))
+    assert block is not None and block["basis"] == "shared"
+    assert block["types"]["code"] == {"steps": 3, "tokens": 6, "accepted": 3, "draft_tokens": 9}
+    assert block["types"]["prose"] == {"steps": 1, "tokens": 2, "accepted": 1, "draft_tokens": 3}
+    assert span_block(chunks, b"", chunks_are_steps=False, spec=None) is None  # nothing to share
+    assert span_block([(0.1, 1)], b"\0", chunks_are_steps=True, spec=None) is None  # no decode step
+
+
+def test_the_timeline_keeps_a_span_code_per_chunk() -> None:
+    tl = ResponseTimeline(0, stream=True)
+    for text in ("Sure:\n", "```", "py\n", "x = 1", "\n```"):
+        ev = {"choices": [{"index": 0, "delta": {"content": text}}], "usage": None}
+        tl.feed(1, b"data: " + orjson.dumps(ev) + b"\n\n")
+    tool = {"choices": [{"index": 0, "delta": {"tool_calls": [{"function": {"arguments": '{"a": 1}'}}]}}]}
+    tl.feed(2, b"data: " + orjson.dumps(tool) + b"\n\n")
+    res = tl.result(3)
+    assert len(res.span_codes) == len(res.chunks) == 6
+    assert [SPAN_TYPES[c] for c in res.span_codes] == ["prose", "code", "code", "code", "code", "json"]
+
+
+def test_older_records_read_without_spans_and_odd_values_read_as_missing() -> None:
+    rec = parse_line(orjson.dumps({"schema_version": 7, "request_id": "a"}))
+    assert rec is not None and rec["spans"] is None
+    raw = {
+        "schema_version": 8,
+        "request_id": "b",
+        "spans": {
+            "basis": "steps",
+            "types": {"code": {"steps": 2, "tokens": 5, "accepted": 3, "draft_tokens": None}, "x": "junk"},
+            "positions": [],
+        },
+    }
+    rec = parse_line(orjson.dumps(raw))
+    assert rec is not None and rec["spans"] is not None
+    assert rec["spans"]["types"] == {"code": {"steps": 2, "tokens": 5, "accepted": 3, "draft_tokens": None}}
+    assert rec["spans"]["positions"] == {}
