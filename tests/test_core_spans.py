@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specproxy.core.spans import SPAN_TYPES, SpanClassifier
+from specproxy.core.spans import MAX_SCAN, SPAN_TYPES, SpanClassifier
 
 MIXED = (
     "Here is how to do it, step by step.\n\n"
@@ -112,3 +112,17 @@ def test_the_state_stays_bounded() -> None:
     c.feed("{" + "[" * 10_000)
     assert c._depth <= 64
     assert SPAN_TYPES[c.feed("]" * 10)] == "json"
+
+
+def test_a_delta_past_max_scan_is_classified_by_its_beginning() -> None:
+    # 1.2 MB in one event (no engine sends it, a broken one might): a fence opens, code, and a fence that closes it
+    # past MAX_SCAN characters, which the walk does not reach
+    huge = "```\n" + "x = 1\n" * 200_000 + "```\nThat was the code.\n"
+    assert len(huge) > 100 * MAX_SCAN
+    c = SpanClassifier()
+    assert SPAN_TYPES[c.feed(huge)] == "code"
+    assert SPAN_TYPES[c.feed("Then more words")] == "code"  # still inside the fence, as far as the walk went
+    whole = SpanClassifier()
+    for i in range(0, len(huge), MAX_SCAN):  # the same text in deltas the walk takes whole
+        whole.feed(huge[i : i + MAX_SCAN])
+    assert SPAN_TYPES[whole.feed("Then more words")] == "prose"
