@@ -107,5 +107,8 @@ def test_counters_that_saw_no_draft_beat_inexact_chunks() -> None:
     )
     assert c.source == "counters" and c.chosen is not None and c.chosen.counts.drafts == 0
     assert "spec_zero_acceptance" not in c.flags
+    # an engine that does not speculate (no k): its zero counters say nothing of speculation either
+    plain = decide(_ev(k=None, exact_counts=False, counters=_counters(0, 0, exact=False, overlapped=True)))
+    assert plain.source is None and plain.spec_block() is not None and plain.spec_block()["source"] is None  # type: ignore[index]
     # exact chunks (every step drafts) still speak for themselves beside a share that overlapped others
     assert decide(_ev(counters=_counters(0, 0, exact=False, overlapped=True))).source == "chunks"

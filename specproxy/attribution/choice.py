@@ -158,9 +158,10 @@ def choose(
         return "chunks", chunks
     if counters is not None and counters.counts.drafts:
         return "counters", counters
-    if counters is not None and chunks is not None and not chunks.exact:
-        # the engine drafted nothing while this request ran (dynamic speculation at k = 0, an ngram with no match):
-        # inexact chunks would guess k drafts per step, all rejected
+    if counters is not None and chunks is not None and chunks.draft_tokens_known and not chunks.exact:
+        # a speculating engine (k known) drafted nothing while this request ran (dynamic speculation at k = 0, an
+        # ngram with no match): inexact chunks would guess k drafts per step, all rejected. Without k (an engine
+        # that does not speculate) nothing speaks of speculation
         return "counters", counters
     if chunks is not None and chunks.draft_tokens_known:
         return "chunks", chunks
