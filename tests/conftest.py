@@ -40,6 +40,7 @@ UNIT_MODULES = frozenset(
         "test_attribution_fit",
         "test_attribution_intervals",
         "test_attribution_ledger",
+        "test_bench_growth",
         "test_bookkeeper_catch_up",
         "test_bulk_histogram",
         "test_core_dialects",
