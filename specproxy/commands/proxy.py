@@ -423,7 +423,9 @@ def register(app: typer.Typer) -> None:
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if cfg.workers == 0:
-            run_async(_main(cfg))
+            from specproxy.proxy.memtrace import traced
+
+            run_async(traced(_main(cfg), "proxy"))
         else:
             _run_workers(cfg)
 
@@ -539,6 +541,7 @@ def _run_workers(cfg: ProxyConfig) -> None:
     """``--workers N``: the relays and the bookkeeper in processes of their own (:mod:`specproxy.proxy.workers`),
     stopped as :func:`_main` stops the one-process proxy, with the same exit codes."""
     from specproxy.proxy import supervisor, workers
+    from specproxy.proxy.memtrace import traced
 
     try:
         procs = workers.start(cfg, cfg.workers)
@@ -550,7 +553,7 @@ def _run_workers(cfg: ProxyConfig) -> None:
         relays = f"{n} relay{'s' if n > 1 else ''}"
         typer.echo(f"specproxy proxy: http://{cfg.host}:{port} -> {shown_url(cfg.upstream)} ({relays})", err=True)
 
-    ended = run_async(supervisor.supervise(procs, cfg.drain_timeout_s, ready))
+    ended = run_async(traced(supervisor.supervise(procs, cfg.drain_timeout_s, ready), "main"))
     raise typer.Exit(_workers_exit_code(ended))
 
 
