@@ -53,6 +53,7 @@ UNIT_MODULES = frozenset(
         "test_layout",
         "test_live_advice",
         "test_loadgen_plan",
+        "test_memtrace",
         "test_otlp_proto",
         "test_proxy_events",
         "test_redact",

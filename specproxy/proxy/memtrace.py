@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import linecache
 import os
 import time
 import tracemalloc
@@ -46,6 +47,18 @@ def _rss_mb() -> float:
         return 0.0
 
 
+def _snapshot() -> tracemalloc.Snapshot:
+    """The traces now, less those of the tracing and reporting themselves (this module, ``tracemalloc``, the source
+    lines ``linecache`` reads to format a report)."""
+    return tracemalloc.take_snapshot().filter_traces(
+        [
+            tracemalloc.Filter(False, __file__, all_frames=True),
+            tracemalloc.Filter(False, tracemalloc.__file__, all_frames=True),
+            tracemalloc.Filter(False, linecache.__file__, all_frames=True),
+        ]
+    )
+
+
 class MemTrace:
     """One process's tracing (see the module's doc); :meth:`report` writes what it has now."""
 
@@ -63,15 +76,21 @@ class MemTrace:
             f.write(f"{time.monotonic() - self.start:.1f} {traced / 2**20:.3f} {_rss_mb():.3f}\n")
         if self.warm is None:
             return
-        now = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
-        stats = now.compare_to(self.warm, "traceback")
-        lines = [f"{s.size_diff / 1024:+10.1f} KiB {s.count_diff:+8d} blocks  {s.traceback.format()}" for s in stats]
-        Path(f"{self.base}.txt").write_text("\n".join(lines[:TOP]) + "\n")
+        stats = _snapshot().compare_to(self.warm, "traceback")
+        lines: list[str] = []
+        for st in stats[:TOP]:
+            lines.append(f"{st.size_diff / 1024:+.1f} KiB, {st.count_diff:+d} blocks ({st.size / 1024:.1f} KiB now):")
+            lines += st.traceback.format()
+        Path(f"{self.base}.txt").write_text("\n".join(lines) + "\n")
+
+    def mark_warm(self) -> None:
+        """Warm-up is over: a line of what it left, and the snapshot later reports compare with."""
+        self.report()
+        self.warm = _snapshot()
 
     async def run(self) -> None:
         await asyncio.sleep(_env_float(ENV + "_WARMUP_S", 60.0))
-        self.report()  # the line before the snapshot: what warm-up left
-        self.warm = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        self.mark_warm()
         every = max(1.0, _env_float(ENV + "_EVERY_S", 30.0))
         while True:
             await asyncio.sleep(every)
