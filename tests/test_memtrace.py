@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specproxy.proxy import memtrace
+from specproxy.proxy import allocator, memtrace
 
 KEPT: list[bytes] = []
 
@@ -38,3 +38,8 @@ def test_the_report_names_what_grew_since_warm_up(monkeypatch: pytest.MonkeyPatc
     (txt,) = (tmp_path / "traces").glob("sp-bookkeeper-*.txt")
     first = txt.read_text().split(" KiB,")[0]
     assert float(first) > 1500 and "test_memtrace.py" in txt.read_text().split(" KiB,")[1]
+
+
+def test_one_arena_leaves_a_users_malloc_arena_max_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(allocator.ENV, "4")
+    assert allocator.one_arena() is False

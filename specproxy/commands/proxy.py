@@ -25,6 +25,7 @@ from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_t
 from specproxy.core.urls import http_url
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from specproxy.proxy.allocator import one_arena
 from specproxy.proxy.config import (
     CREDENTIALS_ENV,
     CredentialsError,
@@ -422,6 +423,7 @@ def register(app: typer.Typer) -> None:
             advise_window_s=advise_window,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        one_arena()  # before any thread or fork: every process of the proxy frees into the arena it allocates from
         if cfg.workers == 0:
             from specproxy.proxy.memtrace import traced
 
