@@ -31,6 +31,14 @@ def test_warm_up_does_not_count_and_flat_passes() -> None:
     assert g.passed is True
 
 
+def test_growth_that_stops_shows_in_the_last_half() -> None:
+    # growing at 0.5 MB per 1,000 requests until the middle, flat after: a bound reached late
+    mbs = [50.0 + 0.05 * min(t, 100) for t in range(200)]
+    g = growth(_soak(mbs))
+    assert g.slope_mb_per_1000 is not None and g.slope_mb_per_1000 > TARGET_MB_PER_1000
+    assert g.half_slope_mb_per_1000 is not None and abs(g.half_slope_mb_per_1000) < 1e-9
+
+
 def test_too_few_samples_or_no_requests_say_nothing() -> None:
     assert growth(_soak([10.0, 11.0, 12.0])).passed is None
     assert growth(_soak([10.0] * 10, per_s=0)).passed is None  # no requests finished: no rate

@@ -6,7 +6,10 @@ is warm-up (pools fill, the allocator takes what it keeps); over the last four f
 - ``slope_mb_per_1000``: the least-squares slope of RSS against requests finished, MB per 1,000 requests. It uses
   every sample, so one step of the allocator weighs as what it is, not as an end point.
 - ``fifths_mb_per_1000``: the median RSS over the last fifth minus the median over the second fifth, divided by the
-  thousands of requests finished between the middles of the two.
+  thousands of requests finished between the middles of the two;
+- ``half_slope_mb_per_1000``: the slope over the last half only. Memory that fills up to a bound (the allocator's
+  pools reaching the high-water mark of the load, a window of records filling) grows on past the first fifth of a
+  short soak and then stops: this slope says whether it has stopped. The verdict is on the four fifths' slope.
 
 A process passes when its slope is at most :data:`TARGET_MB_PER_1000`: at 100 requests/s that is at most 173 MB a
 day, and whatever grows per request has to be bounded to stay under it over ten minutes.
@@ -34,6 +37,7 @@ class Growth:
     requests_between: int  # requests finished between the middles of the second fifth and the last
     fifths_mb_per_1000: float | None
     slope_mb_per_1000: float | None  # over the last four fifths
+    half_slope_mb_per_1000: float | None  # over the last half: has the growth stopped?
     passed: bool | None  # None: too few samples or requests to say
 
     def as_dict(self) -> dict[str, Any]:
@@ -65,6 +69,8 @@ def growth(samples: list[Sample], target: float = TARGET_MB_PER_1000) -> Growth:
     fifths = (late_mb - early_mb) / (between / 1000) if between > 0 else None
     after = samples[n // 5 :]
     fit = slope([r / 1000 for _, r, _ in after], [mb for _, _, mb in after]) if n >= 5 else None
+    half = samples[n // 2 :]
+    half_fit = slope([r / 1000 for _, r, _ in half], [mb for _, _, mb in half]) if n >= 5 else None
     return Growth(
         first_mb=mbs[0] if mbs else 0.0,
         early_mb=early_mb,
@@ -74,5 +80,6 @@ def growth(samples: list[Sample], target: float = TARGET_MB_PER_1000) -> Growth:
         requests_between=between,
         fifths_mb_per_1000=fifths,
         slope_mb_per_1000=fit,
+        half_slope_mb_per_1000=half_fit,
         passed=None if fit is None else fit <= target,
     )

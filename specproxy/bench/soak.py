@@ -241,7 +241,7 @@ def render_soak(r: dict[str, Any]) -> str:
         "",
         f"growth after warm-up (the first fifth), MB per 1,000 requests (target: slope at most {target:g}):",
         f"  {'':<{width}}  {'before':>7}  {'2nd 5th':>7}  {'last 5th':>8}  {'growth':>7}  {'between':>8}  {'fifths':>7}"
-        f"  {'slope':>7}",
+        f"  {'slope':>7}  {'2nd half':>8}",
     ]
     for name, g in [*procs.items(), ("all", r["tree"])]:
         verdict = "" if name == "all" else "  n/a" if g["passed"] is None else "  pass" if g["passed"] else "  FAIL"
@@ -249,7 +249,7 @@ def render_soak(r: dict[str, Any]) -> str:
         out.append(
             f"  {name:<{width}}  {before or 0.0:7.1f}  {g['early_mb']:7.1f}  {g['late_mb']:8.1f}"
             f"  {g['growth_mb']:+7.1f}  {g['requests_between']:8d}  {_per_1000(g['fifths_mb_per_1000']):>7}"
-            f"  {_per_1000(g['slope_mb_per_1000']):>7}"
+            f"  {_per_1000(g['slope_mb_per_1000']):>7}  {_per_1000(g['half_slope_mb_per_1000']):>8}"
             f"{verdict}"
         )
     verdict = "n/a (too short)" if r["flat"] is None else "pass" if r["flat"] else "FAIL"
