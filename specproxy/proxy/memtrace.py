@@ -10,8 +10,8 @@ Off unless the variable names a directory. Each process (``main``, each relay, t
   kept), not Python objects';
 - rewrites ``DIR/NAME-PID.txt``: the 40 places whose traced memory grew most since the warm-up snapshot.
 
-Tracing costs: a relay under tracemalloc is several times slower, so figures of a traced run are for finding what
-grows, not for how fast the proxy is.
+Tracing costs: every traced process is slower (a traced bookkeeper fell behind at a load it sustains untraced), so
+a traced run is for finding what grows, not for how fast or how large the proxy is.
 """
 
 from __future__ import annotations
