@@ -36,6 +36,7 @@ _.accept_rate_gauge
 min_tokens  # bench/soak.py: read back through asdict(cfg) in the soak's child process
 cancel_share
 reset_share
+requests_between  # bench/growth.py: in the soak's JSON and table, through asdict
 
 # A task held so that it is not collected while it runs (asyncio keeps only a weak reference).
 _.connecting  # bench/floors.py

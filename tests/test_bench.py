@@ -171,6 +171,13 @@ def test_soak_records_every_request_with_the_outcome_the_client_saw() -> None:
     assert r["records"] == r["requests"] and r["every_request_one_record"] and r["outcomes_match"], r
     assert len(r["rss_samples"]) >= 5 and all(mb > 1 for _, mb in r["rss_samples"])
     assert isinstance(r["flat"], bool)
+    procs = r["processes"]  # RSS per process, each with its growth per 1,000 requests
+    assert {"main", "sp-bookkeeper"} <= set(procs) and any(n.startswith("sp-relay-") for n in procs), sorted(procs)
+    for p in procs.values():
+        assert len(p["samples"]) >= 5 and all(mb > 1 for _, _, mb in p["samples"])
+        assert p["slope_mb_per_1000"] is not None and isinstance(p["passed"], bool)
+    done = [n for _, n in r["requests_samples"]]
+    assert done == sorted(done) and 0 < done[-1] <= r["requests"]
 
 
 async def test_the_upstream_counts_what_vllm_would_and_the_proxy_attributes_it(tmp_path: Path) -> None:

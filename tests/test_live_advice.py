@@ -3,6 +3,7 @@ given). As the proxy shows it: tests/test_proxy_live_advice.py."""
 
 from __future__ import annotations
 
+import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
 from specproxy.recorder.live_advice import LiveAdvice, LiveAdviceCollector
@@ -75,3 +76,25 @@ def test_the_metrics() -> None:
     assert 'specproxy_recommended_k{workload="code"} 3.0' in text
     assert 'specproxy_recommended_speedup{k="3",workload="code"}' in text
     assert 'specproxy_recommendation_changes_total{workload="code"} 0.0' in text
+
+
+def test_a_kept_record_costs_the_same_whatever_its_prompt_and_reply_and_advises_the_same() -> None:
+    """The window holds up to MAX_PER_WORKLOAD records a workload for minutes: what it keeps of one must not grow
+    with the request body or the response text (each up to --capture-max-bytes), and the advice, its thinking
+    warnings included, is the one the whole records give."""
+    live = LiveAdvice(max_per_workload=50)
+    whole = []
+    for i, rec in enumerate(profile_records([0.9, 0.85, 0.8], 3, workload="w", requests=150)):
+        thinking = i % 3 == 0
+        body = {"messages": [{"role": "user", "content": "x" * 100_000}]}
+        if thinking:
+            body["chat_template_kwargs"] = {"enable_thinking": True}
+        text = ("<think>why</think>" if i % 5 == 0 else "") + "y" * 100_000
+        big = {**rec, "request": body, "response_text": text}
+        whole.append(big)
+        live.observe(big)  # type: ignore[arg-type]
+    kept = live.snapshot()
+    assert len(kept) == 50  # the newest, at most max_per_workload
+    assert max(len(orjson.dumps(r)) for r in kept) < 4_000  # bytes, against 200 KB a whole record
+    assert LiveAdvice.compute(kept) == LiveAdvice.compute(whole[-50:])  # type: ignore[arg-type]
+    assert any("thinking was on" in w for w in LiveAdvice.compute(kept)["w"]["warnings"])

@@ -197,3 +197,11 @@ def test_a_few_draft_tokens_do_not_make_a_band_losing() -> None:
     few = [make_record(f"f{i}", accepted=[0] * 5, k=3, started_at=T0 + 10.0 * i) for i in range(6)]
     (band,) = compute_bands([point_of(r) for r in few])
     assert band.speedup is not None and band.speedup < 1 and not band.losing
+
+
+def test_a_point_keeps_no_body_and_no_text() -> None:
+    rec = make_record("big", accepted=[1] * 5, k=3, request={"messages": [{"content": "x" * 200_000}]},
+                      response_text="y" * 200_000)  # fmt: skip
+    p = point_of(rec)
+    assert p.rec["request"] is None and p.rec["response_text"] is None and p.rec["chunks"] == []
+    assert p.decode_steps == 5 and p.step_s is not None and p.rec["spec"] == rec["spec"]

@@ -90,6 +90,22 @@ def tree_cpu_by_role(root: int) -> dict[str, float]:
     return out
 
 
+def tree_rss_by_process(root: int) -> dict[str, int]:
+    """RSS in bytes of each live process of the tree, by name: ``main`` for ``root``, else its ``/proc/PID/comm``
+    (specproxy names its children: :mod:`specproxy.proxy.names`), with `` PID`` added when two share a name."""
+    out: dict[str, int] = {}
+    for pid in tree(root):
+        named = _named_stat(pid)
+        if named is None:
+            continue
+        comm, st = named
+        name = "main" if pid == root else comm
+        if name in out:
+            name = f"{comm} {pid}"
+        out[name] = int(st[21]) * _PAGE
+    return out
+
+
 def tree_rss_bytes(root: int) -> int:
     total = 0
     for pid in tree(root):
@@ -240,9 +256,11 @@ async def spawn_client(
     flowing: asyncio.Event | None = None,
     module: str = "specproxy.bench.client",
     cpus: frozenset[int] | None = None,
+    on_line: Callable[[bytes], bool] | None = None,
 ) -> bytes:
     """One client process (on ``cpus``, when given); its JSON result. ``flowing`` is set once every stream has its
-    first event."""
+    first event; ``on_line`` is given every other line the client writes to stderr, and says whether it took it (a
+    line it does not take is kept for the error message)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -259,7 +277,7 @@ async def spawn_client(
         while line := await stream.readline():
             if line.strip() == b"flowing" and flowing is not None:
                 flowing.set()
-            else:
+            elif on_line is None or not on_line(line):
                 log.append(line.decode(errors="replace").rstrip())
 
     watcher = asyncio.create_task(watch(proc.stderr))

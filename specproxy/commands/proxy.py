@@ -25,6 +25,7 @@ from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_t
 from specproxy.core.urls import http_url
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from specproxy.proxy.allocator import one_arena
 from specproxy.proxy.config import (
     CREDENTIALS_ENV,
     CredentialsError,
@@ -438,8 +439,11 @@ def register(app: typer.Typer) -> None:
             speculative_schedule=schedule,
         )
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        one_arena()  # before any thread or fork: every process of the proxy frees into the arena it allocates from
         if cfg.workers == 0:
-            run_async(_main(cfg))
+            from specproxy.proxy.memtrace import traced
+
+            run_async(traced(_main(cfg), "proxy"))
         else:
             _run_workers(cfg)
 
@@ -555,6 +559,7 @@ def _run_workers(cfg: ProxyConfig) -> None:
     """``--workers N``: the relays and the bookkeeper in processes of their own (:mod:`specproxy.proxy.workers`),
     stopped as :func:`_main` stops the one-process proxy, with the same exit codes."""
     from specproxy.proxy import supervisor, workers
+    from specproxy.proxy.memtrace import traced
 
     try:
         procs = workers.start(cfg, cfg.workers)
@@ -566,7 +571,7 @@ def _run_workers(cfg: ProxyConfig) -> None:
         relays = f"{n} relay{'s' if n > 1 else ''}"
         typer.echo(f"specproxy proxy: http://{cfg.host}:{port} -> {shown_url(cfg.upstream)} ({relays})", err=True)
 
-    ended = run_async(supervisor.supervise(procs, cfg.drain_timeout_s, ready))
+    ended = run_async(traced(supervisor.supervise(procs, cfg.drain_timeout_s, ready), "main"))
     raise typer.Exit(_workers_exit_code(ended))
 
 

@@ -37,6 +37,7 @@ import uvloop
 
 from specproxy.proxy.children import bookkeeper_main, name_process, relay_main
 from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.memtrace import traced
 from specproxy.proxy.names import BOOKKEEPER, RELAY_PREFIX
 
 log = logging.getLogger("specproxy.proxy")
@@ -114,7 +115,7 @@ def _fork(
         _close_sockets_but(keep, owned)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # group signals: orders come from the main process
             signal.signal(sig, signal.SIG_IGN)
-        code = uvloop.run(main())
+        code = uvloop.run(traced(main(), name))
     except BaseException:
         log.exception("a proxy process failed")
     finally:

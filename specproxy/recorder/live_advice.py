@@ -20,8 +20,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from specproxy.analysis.advise.gather import build_advice, replace_chunks
-from specproxy.analysis.advise.model import WorkloadAdvice
+from specproxy.analysis.advise.gather import build_advice
+from specproxy.analysis.advise.model import WorkloadAdvice, asks_thinking, shows_thinking
 from specproxy.core.record import Record
 from specproxy.recorder.live_bands import Band, Point, Schedule, band_json, compute_bands, point_of
 
@@ -52,8 +52,8 @@ class LiveAdvice:
         self.refreshes = 0
 
     def observe(self, rec: Record) -> None:
-        """Every live record (an observer of the recorder): kept, without its chunks, if it ended ok with drafts;
-        and for the bands, whatever its end (a failed request was in flight too)."""
+        """Every live record (an observer of the recorder): kept (:func:`kept`) if it ended ok with drafts; and for the
+        bands, whatever its end (a failed request was in flight too)."""
         if rec.get("started_at") is not None and rec.get("e2e_s") is not None:
             self._points.append((self._clock(), point_of(rec)))
         spec = rec.get("spec")
@@ -62,7 +62,7 @@ class LiveAdvice:
         q = self._records.get(rec["workload"])
         if q is None:
             q = self._records[rec["workload"]] = collections.deque(maxlen=self._max)
-        q.append((self._clock(), replace_chunks(rec) if rec.get("chunks") else rec))
+        q.append((self._clock(), kept(rec)))
 
     def snapshot(self) -> list[Record]:
         """The window's records, the older ones let go."""
@@ -118,6 +118,20 @@ class LiveAdvice:
             "schedule": self.schedule.describe() if self.schedule is not None else None,
             "bands": [band_json(b) for b in self.bands],
         }
+
+
+def kept(rec: Record) -> Record:
+    """What the window keeps of a record: a copy without its chunks, and of its request body and response text only
+    what the advice reads (whether thinking was asked for, and shown). A record the window kept whole held its body
+    and text (up to ``--capture-max-bytes`` each) for as long as the window does: memory per record grew with the
+    prompts, up to :data:`MAX_PER_WORKLOAD` records a workload."""
+    light = Record(**rec)
+    light["chunks"] = []
+    thinking = asks_thinking(rec.get("request"))
+    light["request"] = {"chat_template_kwargs": {"enable_thinking": True}} if thinking else None
+    text = rec.get("response_text")
+    light["response_text"] = None if text is None else "<think>" if shows_thinking(text) else ""
+    return light
 
 
 def summary(w: WorkloadAdvice) -> dict[str, Any]:

@@ -166,8 +166,12 @@ class Point:
 
 
 def point_of(rec: Record) -> Point:
+    """What the bands keep of a record: without its chunks, request body and response text (up to
+    ``--capture-max-bytes`` each, kept for the whole window), so that a point costs the same whatever the prompt."""
     light = Record(**rec)
     light["chunks"] = []
+    light["request"] = None
+    light["response_text"] = None
     steps = sum(1 for _, n in rec["chunks"] if n > 0) - 1 if _steps_seen(rec) else None
     return Point(light, _step_s(rec), steps if steps is not None and steps > 0 else None)
 

@@ -439,6 +439,8 @@ class Recorder:
                 "intervals_aligned": self.ledger.aligned,
                 "intervals_cut_by_time": self.ledger.time_cut,
                 "unattributed_accepted": self.ledger.unattributed.accepted,
+                # chunks read that no scrape interval has taken yet: a scrape's worth, unless the counters lag
+                "chunks_waiting": self.ledger.pending_chunks,
             },
             "records": {
                 "written": self.sink.written,

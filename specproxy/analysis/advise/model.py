@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from specproxy.analysis.figures.acceptance import (
     Acceptance,
@@ -192,6 +193,17 @@ def recommend(predictions: Sequence[KPrediction], tolerance: float = TOLERANCE) 
     return min(p.k for p in predictions if p.speedup >= best * (1.0 - tolerance))
 
 
+def asks_thinking(body: Any) -> bool:
+    """A request body that turns thinking on (``chat_template_kwargs.enable_thinking``)."""
+    kwargs = body.get("chat_template_kwargs") if isinstance(body, dict) else None
+    return isinstance(kwargs, dict) and kwargs.get("enable_thinking") is True
+
+
+def shows_thinking(text: str | None) -> bool:
+    """A response text with ``<think>`` reasoning in it (not an empty ``<think></think>``)."""
+    return text is not None and "<think>" in text and "<think></think>" not in text.replace("\n", "")
+
+
 @dataclass(slots=True)
 class WorkloadStats:
     """What the warnings need of a workload's records, counted one record at a time."""
@@ -208,12 +220,9 @@ class WorkloadStats:
         flags = r["flags"]
         if "spec_zero_acceptance" in flags:
             self.zero_flagged += 1
-        body = r["request"]
-        kwargs = body.get("chat_template_kwargs") if isinstance(body, dict) else None
-        if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is True:
+        if asks_thinking(r["request"]):
             self.thinking_asked += 1
-        text = r["response_text"]
-        if text is not None and "<think>" in text and "<think></think>" not in text.replace("\n", ""):
+        if shows_thinking(r["response_text"]):
             self.thinking_shown += 1
         if r["stream"]:
             self.streamed += 1
