@@ -64,6 +64,7 @@ UNIT_MODULES = frozenset(
         "test_shadow_pairs",
         "test_sink",
         "test_upstream_parser",
+        "test_whatif_ngram",
     }
 )
 
