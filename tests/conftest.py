@@ -58,6 +58,7 @@ UNIT_MODULES = frozenset(
         "test_loadgen_plan",
         "test_otlp_proto",
         "test_proxy_events",
+        "test_proxy_link",
         "test_redact",
         "test_run_summary",
         "test_schedule",
