@@ -59,6 +59,7 @@ UNIT_MODULES = frozenset(
         "test_otlp_proto",
         "test_proxy_events",
         "test_proxy_link",
+        "test_proxy_supervisor_backoff",
         "test_redact",
         "test_run_summary",
         "test_schedule",
