@@ -70,6 +70,10 @@ UNIT_MODULES = frozenset(
         "test_shadow_pairs",
         "test_sink",
         "test_upstream_parser",
+        "test_workloads",
+        "test_workloads_formats",
+        "test_workloads_questions",
+        "test_workloads_registry",
         "test_whatif_ngram",
     }
 )
