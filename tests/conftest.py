@@ -68,6 +68,7 @@ UNIT_MODULES = frozenset(
         "test_run_summary",
         "test_schedule",
         "test_shadow_pairs",
+        "test_sim_costs",
         "test_sink",
         "test_upstream_parser",
         "test_workloads",
