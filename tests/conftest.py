@@ -69,6 +69,7 @@ UNIT_MODULES = frozenset(
         "test_schedule",
         "test_shadow_pairs",
         "test_sim_costs",
+        "test_sim_wire",
         "test_sink",
         "test_upstream_parser",
         "test_workloads",
