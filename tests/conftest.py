@@ -82,6 +82,7 @@ UNIT_MODULES = frozenset(
         "test_workloads_questions",
         "test_workloads_registry",
         "test_whatif_ngram",
+        "test_whatif_prompts",
     }
 )
 
