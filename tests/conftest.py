@@ -60,6 +60,7 @@ UNIT_MODULES = frozenset(
         "test_live_advice",
         "test_live_bands",
         "test_matrix_plan",
+        "test_matrix_results",
         "test_loadgen_dialect_bodies",
         "test_loadgen_plan",
         "test_otlp_proto",
