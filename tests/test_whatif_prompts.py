@@ -13,7 +13,7 @@ import pytest
 from specproxy.core.record import Record
 from specproxy.whatif.prompts import ModelTokens, TokenizationError, Tokens
 
-tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
 WORDS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "hi", "there", "how", "are", "you", "sys"]
