@@ -32,6 +32,8 @@ UNIT_MODULES = frozenset(
         "test_analysis_figures_confidence",
         "test_analysis_figures_pairing",
         "test_analysis_figures_sample",
+        "test_analysis_html_svg",
+        "test_analysis_inputs_sources",
         "test_analysis_report",
         "test_analysis_report_stream",
         "test_analysis_roofline",
