@@ -38,6 +38,7 @@ UNIT_MODULES = frozenset(
         "test_analysis_report_benchmark",
         "test_analysis_report_stream",
         "test_analysis_roofline",
+        "test_analysis_roofline_render",
         "test_analysis_spans",
         "test_analysis_tables_escape",
         "test_attribution_choice",
