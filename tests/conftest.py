@@ -40,6 +40,7 @@ UNIT_MODULES = frozenset(
         "test_analysis_roofline",
         "test_analysis_roofline_render",
         "test_analysis_spans",
+        "test_analysis_sweep_render",
         "test_analysis_tables_escape",
         "test_attribution_choice",
         "test_attribution_counts",
