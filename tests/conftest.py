@@ -65,11 +65,11 @@ UNIT_MODULES = frozenset(
         "test_layout",
         "test_live_advice",
         "test_live_bands",
+        "test_loadgen_dialect_bodies",
+        "test_loadgen_plan",
         "test_matrix_plan",
         "test_matrix_report",
         "test_matrix_results",
-        "test_loadgen_dialect_bodies",
-        "test_loadgen_plan",
         "test_otlp_proto",
         "test_proxy_events",
         "test_proxy_link",
@@ -86,12 +86,12 @@ UNIT_MODULES = frozenset(
         "test_sim_wire",
         "test_sink",
         "test_upstream_parser",
+        "test_whatif_ngram",
+        "test_whatif_prompts",
         "test_workloads",
         "test_workloads_formats",
         "test_workloads_questions",
         "test_workloads_registry",
-        "test_whatif_ngram",
-        "test_whatif_prompts",
     }
 )
 
