@@ -38,6 +38,19 @@ RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 
 
+def recent_deaths(deaths: list[float], now: float) -> list[float]:
+    """A role's deaths (monotonic times) within :data:`RESTART_WINDOW_S` of ``now``, with the one at ``now``."""
+    return [*(t for t in deaths if now - t < RESTART_WINDOW_S), now]
+
+
+def restart_delay(deaths: int) -> float | None:
+    """Seconds to wait before restarting a child whose role died ``deaths`` times within the window (this death
+    included); None past :data:`RESTART_LIMIT`: not restarted, the proxy stops."""
+    if deaths > RESTART_LIMIT:
+        return None
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** (deaths - 1))
+
+
 class _Supervisor:
     """Restarts a dead child (after a backoff; past :data:`RESTART_LIMIT` deaths of one role within
     :data:`RESTART_WINDOW_S` the proxy stops instead) and reconnects the relays to a new bookkeeper."""
@@ -73,14 +86,11 @@ class _Supervisor:
         else:
             log.error("the relay process %d ended (%s): its connections are lost, the other relays go on",
                       c.pid, how)  # fmt: skip
-        now = time.monotonic()
-        deaths = [t for t in self._deaths[c.role] if now - t < RESTART_WINDOW_S]
-        deaths.append(now)
-        self._deaths[c.role] = deaths
-        if len(deaths) > RESTART_LIMIT:
+        self._deaths[c.role] = deaths = recent_deaths(self._deaths[c.role], time.monotonic())
+        delay = restart_delay(len(deaths))
+        if delay is None:
             self.stop(f"the {c.role} process ended {len(deaths)} times within {RESTART_WINDOW_S:g} s: not restarted")
             return
-        delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (len(deaths) - 1))
         await asyncio.sleep(delay)
         if self.stopping:
             return
