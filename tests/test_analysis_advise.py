@@ -224,3 +224,12 @@ def test_a_prediction_the_measurement_bears_out_keeps_the_model() -> None:
     m = w.measured_at(3)
     assert m is not None and m.agrees and m.verdict == "faster"
     assert w.recommended_from == "prediction" and w.recommended_k == 3
+
+
+def test_a_prediction_equal_to_its_measurement_agrees_to_the_last_bit() -> None:
+    from specproxy.analysis.advise.measured import _overlap
+    from specproxy.analysis.figures.confidence import Interval
+
+    x = 0.1 + 0.2  # 0.30000000000000004: the same figure reached another way
+    assert _overlap(0.3, None, Interval(x, x)) and _overlap(x, None, Interval(0.3, 0.3))
+    assert not _overlap(0.3, None, Interval(0.31, 0.32))

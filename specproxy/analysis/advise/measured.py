@@ -112,7 +112,8 @@ def with_measurements(advice: Advice, rows: Sequence[MeasuredRow]) -> Advice:
 def _overlap(guess: float, guess_ci: Interval | None, ci: Interval) -> bool:
     """Whether a prediction agrees with a measurement: their intervals overlap (the point, without its own)."""
     lo, hi = (guess, guess) if guess_ci is None else (guess_ci.lo, guess_ci.hi)
-    return lo <= ci.hi and ci.lo <= hi
+    eps = 1e-9 * max(abs(hi), abs(ci.hi), 1.0)  # the same figure reached by two sums may differ in its last bit
+    return lo <= ci.hi + eps and ci.lo <= hi + eps
 
 
 def _held(w: WorkloadAdvice, rows: Sequence[MeasuredRow]) -> WorkloadAdvice:
