@@ -14,38 +14,31 @@ from tests.analysisutil import T0, accepted_from_profile, make_record
 GOOD = [0.8, 0.7, 0.6]  # code-like acceptance: k=3 pays
 
 
-def alone(n: int, *, k: int = 3, cond: list[float] = GOOD, step_s: float = 0.01, t0: float = T0) -> list[Record]:
-    """``n`` requests one after the other: each decodes with one in flight."""
+def _requests(n: int, *, k: int, cond: list[float], step_s: float, t0: float, gap_s: float, tag: str) -> list[Record]:
     accepted = accepted_from_profile(cond, k, n * 30) if k else []
     return [
         make_record(
-            f"a{t0}-{i}",
+            f"{tag}{t0}-{i}",
             accepted=accepted[i::n] if k else (),
             k=k,
             plain_steps=0 if k else 30,
             step_s=step_s,
-            started_at=t0 + i * 10.0,
+            started_at=t0 + i * gap_s,
         )
         for i in range(n)
     ]
+
+
+def alone(n: int, *, k: int = 3, cond: list[float] = GOOD, step_s: float = 0.01, t0: float = T0) -> list[Record]:
+    """``n`` requests one after the other: each decodes with one in flight."""
+    return _requests(n, k=k, cond=cond, step_s=step_s, t0=t0, gap_s=10.0, tag="a")
 
 
 def together(
     n: int, *, k: int = 3, cond: list[float] = GOOD, step_s: float = 0.01, t0: float = T0 + 1000
 ) -> list[Record]:
     """``n`` requests that start together and decode side by side: ``n`` in flight."""
-    accepted = accepted_from_profile(cond, k, n * 30) if k else []
-    return [
-        make_record(
-            f"t{t0}-{i}",
-            accepted=accepted[i::n] if k else (),
-            k=k,
-            plain_steps=0 if k else 30,
-            step_s=step_s,
-            started_at=t0,
-        )
-        for i in range(n)
-    ]
+    return _requests(n, k=k, cond=cond, step_s=step_s, t0=t0, gap_s=0.0, tag="t")
 
 
 def no_drafts(rec: Record) -> Record:

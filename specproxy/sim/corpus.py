@@ -214,14 +214,7 @@ class TokenStream:
                 pieces.extend(_CODE_TOKEN.findall(line))
             return pieces
         if self._corpus == "ja":
-            sentence = rng.choice(JA_SENTENCES)
-            out: list[str] = []
-            i = 0
-            while i < len(sentence):
-                n = rng.randint(1, 3)
-                out.append(sentence[i : i + n])
-                i += n
-            return out
+            return _ja_pieces(rng.choice(JA_SENTENCES), rng)
         sentence = rng.choice(EN_SENTENCES)
         return _EN_TOKEN.findall(sentence if first else " " + sentence)
 
@@ -239,14 +232,7 @@ class TokenStream:
                 pieces.extend(_CODE_TOKEN.findall(line))
             return [*pieces, "```"]
         if kind == "cjk":
-            out: list[str] = []
-            for sentence in rng.sample(JA_SENTENCES, 2):
-                i = 0
-                while i < len(sentence):
-                    n = rng.randint(1, 3)
-                    out.append(sentence[i : i + n])
-                    i += n
-            return out
+            return [piece for sentence in rng.sample(JA_SENTENCES, 2) for piece in _ja_pieces(sentence, rng)]
         if kind == "json":
             return _CODE_TOKEN.findall(rng.choice(JSON_OBJECTS))
         if kind == "math":
@@ -257,3 +243,14 @@ class TokenStream:
 
 
 _PLAIN_EN = tuple(s for s in EN_SENTENCES if "-" not in s)  # "-" alone reads as markup (whitespace)
+
+
+def _ja_pieces(sentence: str, rng: random.Random) -> list[str]:
+    """A Japanese sentence as tokens of 1-3 characters."""
+    out: list[str] = []
+    i = 0
+    while i < len(sentence):
+        n = rng.randint(1, 3)
+        out.append(sentence[i : i + n])
+        i += n
+    return out
