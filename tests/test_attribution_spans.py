@@ -96,3 +96,20 @@ def test_older_records_read_without_spans_and_odd_values_read_as_missing() -> No
     assert rec is not None and rec["spans"] is not None
     assert rec["spans"]["types"] == {"code": {"steps": 2, "tokens": 5, "accepted": 3, "draft_tokens": None}}
     assert rec["spans"]["positions"] == {}
+
+
+def test_where_only_some_steps_draft_the_draft_tokens_add_up_to_the_requests() -> None:
+    # ngram: a prefill token, then code steps of 3, 1, 1, 1 tokens and prose steps of 1, 4, 1, 1 tokens. The request
+    # drafted on 4 of its 8 steps (k = 3: 12 draft tokens): the two multi-token steps surely, 2 more among its 6
+    # one-token steps (a third of each)
+    chunks = [(0.0, 1)] + [(0.01 * i, n) for i, n in enumerate([3, 1, 1, 1, 1, 4, 1, 1], start=1)]
+    codes = bytes([PROSE, CODE, CODE, CODE, CODE, PROSE, PROSE, PROSE, PROSE])
+    block = span_block(chunks, codes, chunks_are_steps=True, spec=_spec(accepted=5, drafts=4, draft_tokens=12))
+    assert block is not None and block["basis"] == "steps"
+    code, prose = block["types"]["code"], block["types"]["prose"]
+    assert (code["steps"], code["accepted"], prose["steps"], prose["accepted"]) == (4, 2, 4, 3)
+    assert code["draft_tokens"] == prose["draft_tokens"] == 6  # 3 x (1 + 3 x 1/3) each
+    assert code["draft_tokens"] + prose["draft_tokens"] == 12  # all of the request's, no more
+    # every step drafting (MTP): k per step
+    every = span_block(chunks, codes, chunks_are_steps=True, spec=_spec(accepted=5, drafts=8, draft_tokens=24))
+    assert every is not None and every["types"]["code"]["draft_tokens"] == every["types"]["prose"]["draft_tokens"] == 12

@@ -9,9 +9,10 @@ Two bases, said in the block:
   figure (server, else counters) is spread over its spans in proportion to their tokens, the rule the counters'
   attribution uses between requests: every span of the request gets its mean, nothing is measured per span.
 
-Draft tokens follow steps: a span's share of the request's draft tokens is its share of the request's drafts
-(k per step where every step drafts). Pure: chunks, span codes and the record's ``spec`` in, the record's ``spans``
-block out.
+Draft tokens follow drafting steps: a step that brought more than one token drafted; the request's other drafting
+steps are spread over its one-token steps. A span's draft tokens are then k per step where every step drafts, and
+add up to the request's own where only some do (ngram, dynamic k). Pure: chunks, span codes and the record's
+``spec`` in, the record's ``spans`` block out.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def span_block(
     chunks: Sequence[tuple[float, int]], codes: bytes, *, chunks_are_steps: bool, spec: SpecBlock | None
 ) -> SpanBlock | None:
     """The record's ``spans`` (docs/records.md); None with no decode step, or neither steps nor a figure to share."""
-    # per key: [steps, tokens, accepted]
+    # per key: [steps, tokens, accepted, steps that brought more than one token (they drafted, surely)]
     types: dict[str, list[float]] = {}
     positions: dict[str, list[float]] = {}
     index = 0
@@ -55,10 +56,11 @@ def span_block(
         for table, key in ((types, SPAN_TYPES[code]), (positions, str(position_bucket(index)))):
             cell = table.get(key)
             if cell is None:
-                cell = table[key] = [0.0, 0.0, 0.0]
+                cell = table[key] = [0.0, 0.0, 0.0, 0.0]
             cell[0] += 1
             cell[1] += n
             cell[2] += n - 1
+            cell[3] += n > 1
         index += n
     if not types:
         return None
@@ -68,9 +70,17 @@ def span_block(
     per_step = draft_tokens / drafts if draft_tokens is not None and drafts else None
     if chunks_are_steps:
         basis = "steps"
+        # Which steps drafted: every step that brought more than one token did; the request's other drafting steps
+        # (an engine that drafts on some steps only: ngram, dynamic k) are spread over its one-token steps. So the
+        # span's draft tokens add up to the request's, and equal k per step where every step drafts
+        sure = sum(c[3] for c in types.values())
+        single = sum(c[0] - c[3] for c in types.values())
+        rest = max(0.0, (drafts or 0.0) - sure)
+        single_share = min(1.0, rest / single) if single else 0.0
 
         def cell_of(c: list[float]) -> SpanCell:
-            return _cell(c[0], c[1], c[2], per_step * c[0] if per_step is not None else None)
+            drafting = c[3] + (c[0] - c[3]) * single_share
+            return _cell(c[0], c[1], c[2], per_step * drafting if per_step is not None else None)
 
     else:
         accepted = spec["accepted"] if spec is not None else None
