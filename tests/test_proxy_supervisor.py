@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from specproxy.core.record import read_records
 from tests.proxyutil import proxy_process
@@ -301,3 +302,44 @@ async def test_when_the_main_process_is_killed_its_children_write_their_records_
             await asyncio.sleep(0.05)
     recorded = {r["request_id"] for r in read_records(record)}
     assert finished and finished <= recorded  # what had finished before the kill is written
+
+
+async def test_an_order_that_crosses_a_childs_last_word_does_not_lose_it() -> None:
+    """A "cut" the main process sends while a relay says its last word and ends: the main process still reads that
+    word. A Unix socket closed with data unread resets its peer, whose reader then raises before the line it had
+    received (a relay "ended without saying how", exit 1, seen beside busy processes); the child now reads what was
+    sent before it closes."""
+    import socket
+
+    from specproxy.proxy.children import last_word
+
+    # the hazard itself: a child that says its word and closes with the order unread
+    main_end, child_end = socket.socketpair()
+    main_r, main_w = await asyncio.open_unix_connection(sock=main_end)
+    main_w.write(b'{"do": "cut"}\n')
+    await main_w.drain()
+    child_end.sendall(b'{"cut":0}\n')
+    child_end.close()
+    deadline = asyncio.get_running_loop().time() + 10
+    while main_r.exception() is None:  # the transport reads the word, then the reset
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    with pytest.raises(ConnectionResetError):  # and the reader raises before the line it holds
+        await asyncio.wait_for(main_r.readline(), 10)
+    main_w.close()
+    for child_reads_first in (True, False):
+        main_end, child_end = socket.socketpair()
+        main_r, main_w = await asyncio.open_unix_connection(sock=main_end)
+        child_r, child_w = await asyncio.open_unix_connection(sock=child_end)
+        if not child_reads_first:
+            main_w.write(b'{"do": "cut"}\n')  # crosses the last word: the child never asked for more orders
+            await main_w.drain()
+        ending = asyncio.ensure_future(last_word(child_r, child_w, cut=0))
+        assert await asyncio.wait_for(main_r.readline(), 10) == b'{"cut":0}\n'
+        if child_reads_first:
+            main_w.write(b'{"do": "cut"}\n')  # after the last word: read and dropped all the same
+            await main_w.drain()
+        assert await asyncio.wait_for(main_r.readline(), 10) == b""  # its half-close: the main process sees the end
+        main_w.close()  # as _reap does: the child's read ends, and so does it
+        await asyncio.wait_for(ending, 10)
+        child_w.close()

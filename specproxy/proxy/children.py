@@ -55,6 +55,24 @@ async def _watch_parent(parent: int, sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RD)  # the orders read their end: the same path as a main process that closed it
 
 
+LAST_WORD_WAIT_S = 30.0
+
+
+async def last_word(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, **msg: Any) -> None:
+    """This process's last message on its control socket, then its end of it: the message, a half-close (the main
+    process reads its end), and what the main process still sends read and dropped until it closes its end (it does
+    once it has read this one), for at most :data:`LAST_WORD_WAIT_S`. A Unix socket closed with data unread resets
+    its peer (ECONNRESET), and the main process's reader then raises before the line it had already received: an
+    order that crossed the last message (a second signal's "cut" sent as a relay ended) made the main process lose
+    it, and say the relay had ended without saying how (exit 1)."""
+    await _say(writer, **msg)
+    with contextlib.suppress(OSError, RuntimeError):
+        if writer.can_write_eof():
+            writer.write_eof()
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        await asyncio.wait_for(reader.read(), LAST_WORD_WAIT_S)
+
+
 async def _say(writer: asyncio.StreamWriter, **msg: Any) -> None:
     with contextlib.suppress(ConnectionError):
         writer.write(orjson.dumps(msg) + b"\n")
@@ -124,9 +142,11 @@ async def relay_main(cfg: ProxyConfig, channel: socket.socket, control: socket.s
     await stop.wait()
     stopped = await handle.close(cut)
     task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # its read of the orders ends before the last word reads the rest
     with contextlib.suppress(ValueError, OSError):
         loop.remove_reader(handoff.fileno())
-    await _say(writer, cut=stopped.cut, reason=stopped.cut_reason, signum=stopped.signum, **link.final())
+    await last_word(reader, writer, cut=stopped.cut, reason=stopped.cut_reason, signum=stopped.signum, **link.final())
     return 0
 
 
@@ -207,5 +227,5 @@ async def bookkeeper_main(
     await session.close()
     sink = keeper.recorder.sink
     path = str(sink.path) if sink.path is not None else None
-    await _say(writer, written=sink.written, dropped=sink.dropped, path=path, **keeper.final())
+    await last_word(reader, writer, written=sink.written, dropped=sink.dropped, path=path, **keeper.final())
     return 0
