@@ -34,7 +34,7 @@ from specproxy.analysis.figures.inflight import decode_in_flight
 from specproxy.analysis.figures.records import generates, is_ok
 from specproxy.analysis.sweep.batchcost import bucket_of, bucket_range
 from specproxy.core.record import Record
-from specproxy.core.stats import median
+from specproxy.core.stats import median, token_span
 
 MIN_REQUESTS = 5  # a band speaks from this many requests on
 COLLAPSE = 0.10  # the server's decode tok/s falling by more than this from one band to the next larger: a collapse
@@ -148,14 +148,6 @@ def _steps_seen(rec: Record) -> bool:
     return bool(rec["stream"]) and not NOT_STEPS.intersection(rec["flags"])
 
 
-def _step_s(rec: Record) -> float | None:
-    """The request's mean decode step (its decode span over its steps), when its chunks are its steps."""
-    if not _steps_seen(rec):
-        return None
-    times = [t for t, n in rec["chunks"] if n > 0]
-    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-
-
 @dataclass(frozen=True, slots=True)
 class Point:
     """One request as the bands need it: the record without its chunk list, and what its chunks said."""
@@ -172,8 +164,12 @@ def point_of(rec: Record) -> Point:
     light["chunks"] = []
     light["request"] = None
     light["response_text"] = None
-    steps = sum(1 for _, n in rec["chunks"] if n > 0) - 1 if _steps_seen(rec) else None
-    return Point(light, _step_s(rec), steps if steps is not None and steps > 0 else None)
+    if not _steps_seen(rec):
+        return Point(light, None, None)
+    steps = sum(1 for _, n in rec["chunks"] if n > 0) - 1
+    if steps <= 0:
+        return Point(light, None, None)
+    return Point(light, token_span(rec["chunks"]) / steps, steps)  # its mean decode step: decode span over steps
 
 
 def compute_bands(points: Sequence[Point], schedule: Schedule | None = None) -> list[Band]:
