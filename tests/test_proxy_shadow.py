@@ -264,7 +264,7 @@ async def test_the_paired_verdict_follows_the_load_with_a_compute_roof(
     """With a compute roof (``--compute-s-per-token``), verifying drafts is free at low load and costly once the
     batch is compute-bound: the same candidate is faster for code at concurrency 2 and slower at 32, as the
     simulator's own step times say, pair by pair."""
-    roof = SimConfig(port=0, speed=2.0, seed=5, compute_s_per_token=0.0002)
+    roof = SimConfig(port=0, speed=2.0, seed=5, compute_s_per_token=0.0005)
     n = 64
     record = tmp_path / "live.jsonl"
     async with (
