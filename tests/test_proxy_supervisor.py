@@ -136,6 +136,21 @@ async def test_a_killed_bookkeeper_is_restarted_and_the_relays_reconnect(tmp_pat
     assert rc in (0, 1), err
 
 
+async def test_idle_relays_report_to_a_restarted_bookkeeper(tmp_path: Path) -> None:
+    """A relay that relays nothing still tells a new bookkeeper it is there: status lists every relay after a
+    restart, not only those whose figures changed since they told the old one."""
+    record = tmp_path / "r.jsonl"
+    args = ("--workers", "2", "--metrics-url", "none")
+    async with _supervised(record, *args, speed="20", relays=2) as (url, proc, s, st):
+        keeper, relays = st["bookkeeping"]["pid"], st["bookkeeping"]["relay_pids"]
+        os.kill(keeper, signal.SIGKILL)
+        st = await _until(s, url, lambda st: st["bookkeeping"]["pid"] != keeper
+                          and st["bookkeeping"]["relay_pids"] == relays, "listed both relays again")  # fmt: skip
+        assert st["bookkeeping"]["restarts"]["bookkeeper"] == 1
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+
+
 async def test_a_killed_relay_is_restarted_and_status_lists_the_new_one(tmp_path: Path) -> None:
     record = tmp_path / "r.jsonl"
     args = ("--workers", "2", "--metrics-url", "none")

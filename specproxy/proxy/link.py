@@ -198,6 +198,7 @@ class EventLink:
         self.attached += 1
         if self._ticker is not None:
             self._ticker.cancel()
+        self._last_stats = ()  # a new bookkeeper hears this relay's figures at once, even an idle relay's
         self._tick()
 
     @property
