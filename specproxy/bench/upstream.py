@@ -63,6 +63,15 @@ class Counters:
         for i in range(tokens - 1):
             self.per_position[i] += 1
 
+    def steps_sent(self, tokens: int, times: int) -> None:
+        """``times`` decode steps of ``tokens`` tokens each: as many ``sent(False, tokens)``."""
+        self.generation += tokens * times
+        self.steps += times
+        self.drafts += times
+        self.accepted += (tokens - 1) * times
+        for i in range(tokens - 1):
+            self.per_position[i] += times
+
     def values(self) -> list[int]:
         return [
             self.prefills,
@@ -215,30 +224,49 @@ class Pacer:
 
     def _write_batch(self, s: _Stream) -> None:
         """Unpaced, up to ``batch`` events of one stream in one write: the same bytes, fewer system calls (a reader
-        that is behind reads them together anyway)."""
+        that is behind reads them together anyway). The events of one write share its stamp, so each size of step
+        is formatted once a write: the upstream's cost per event falls below a relay's, which it must for the
+        relays, not the load, to be what saturates."""
         parts: list[bytes] = []
+        t = now_ns()
+        made: dict[int, bytes] = {}
+        counts = [0] * (max(_STEP_TOKENS) + 1)  # decode steps sent, by tokens
         for _ in range(self.batch):
             s.left -= 1
-            t = now_ns()
             if s.left == s.reset_left:
+                self._count(counts)
                 if parts:
                     s.transport.write(b"".join(parts))
                 _reset(s.transport)
                 if not s.done.done():
                     s.done.set_result(None)
                 return
-            n = 1 if s.sent == 0 else _STEP_TOKENS[(s.sid + s.sent) % len(_STEP_TOKENS)]
-            self.counters.sent(s.sent == 0, n)
+            first = s.sent == 0
+            n = 1 if first else _STEP_TOKENS[(s.sid + s.sent) % len(_STEP_TOKENS)]
             s.sent += 1
+            if first:
+                self.counters.sent(True, n)
+            else:
+                counts[n] += 1
             if s.left == 0:
+                self._count(counts)
                 parts += (chunk(event(s.sid, t, finish=True, tokens=n)), chunk(DONE), LAST_CHUNK)
                 s.transport.write(b"".join(parts))
                 if not s.done.done():
                     s.done.set_result(None)
                 return
-            parts.append(chunk(event(s.sid, t, tokens=n)))
+            piece = made.get(n)
+            if piece is None:
+                piece = made[n] = chunk(event(s.sid, t, tokens=n))
+            parts.append(piece)
+        self._count(counts)
         s.transport.write(b"".join(parts))
         self._push(s, now_ns())
+
+    def _count(self, counts: list[int]) -> None:
+        for n, times in enumerate(counts):
+            if times:
+                self.counters.steps_sent(n, times)
 
     def _push(self, s: _Stream, due: int) -> None:
         heapq.heappush(self._heap, (due, next(self._seq), s))
