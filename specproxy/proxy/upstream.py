@@ -530,15 +530,18 @@ def _reader(head: bytes, framing: str, length: int) -> BodyReader | None:
     return body if framing in (LENGTH, CHUNKED) else None
 
 
-def request_head(method: str, target: str, authority: str, fields: Iterable[tuple[str, str]], size: int) -> bytes:
-    """A request's head as it goes upstream: the fields as the client sent them (decoded by aiohttp as UTF-8 with
-    surrogates, so encoded back to the same bytes), Host for the upstream, and the body's length."""
-    lines = [f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"]
-    lines += [f"{k}: {v}\r\n" for k, v in fields]
+def request_head(method: str, target: str, authority: str, fields: Iterable[tuple[bytes, bytes]], size: int) -> bytes:
+    """A request's head as it goes upstream: the fields as the client sent them, byte for byte (aiohttp's
+    ``raw_headers``; decoding them and encoding them back was most of building a head), Host for the upstream, and
+    the body's length. The request line's text is encoded as aiohttp decoded it (UTF-8 with surrogates)."""
+    start = f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n".encode("utf-8", "surrogateescape")
+    out = [start]
+    for k, v in fields:
+        out += (k, b": ", v, b"\r\n")
     if size or method not in _NO_LENGTH_METHODS:
-        lines.append(f"Content-Length: {size}\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode("utf-8", "surrogateescape")
+        out.append(b"Content-Length: %d\r\n" % size)
+    out.append(b"\r\n")
+    return b"".join(out)
 
 
 def _os_reason(e: OSError) -> str:
