@@ -39,7 +39,6 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 from yarl import URL
 
 from specproxy.core.errors import one_line
@@ -47,6 +46,7 @@ from specproxy.core.headers import CLIENT_KEEPALIVE_S, REQUEST_ID_HEADER, WORKLO
 from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig, basic_authorization
+from specproxy.proxy.http1 import Head
 from specproxy.proxy.link import EventLink, Relayed, header_names
 from specproxy.proxy.upstream import Exchange, Pool, Sink, UpstreamError, request_head
 from specproxy.recorder.recorder import Recorder
@@ -281,11 +281,11 @@ async def _relay_body(
 ) -> tuple[web.StreamResponse, str, str | None]:
     link = request.app[LINK]
     head = await ex.head()
-    fields = CIMultiDict(head.fields)
-    content_type = fields.get("Content-Type")
-    link.head(relayed, head.status, content_type, fields.get("Content-Encoding"))
+    content_type = _first(head, "Content-Type")
+    link.head(relayed, head.status, content_type, _first(head, "Content-Encoding"))
     resp = web.StreamResponse(status=head.status, reason=head.reason or None)
-    drop = _RESP_DROP | _connection_tokens(fields)
+    connection = head.tokens("Connection")  # fields named in it are hop-by-hop too (RFC 9110 7.6.1)
+    drop = _RESP_DROP.union(connection) if connection else _RESP_DROP
     for k, v in head.fields:
         if k.lower() not in drop:
             resp.headers.add(k, v)
@@ -294,8 +294,8 @@ async def _relay_body(
         resp.headers["X-Accel-Buffering"] = "no"
         if "Cache-Control" not in resp.headers:
             resp.headers["Cache-Control"] = "no-cache"
-    length = fields.get("Content-Length")
-    if length is not None and "Transfer-Encoding" not in fields and length.isascii() and length.isdigit():
+    length = _first(head, "Content-Length")
+    if length is not None and not head.values("Transfer-Encoding") and length.isascii() and length.isdigit():
         resp.content_length = int(length)  # the exact bytes are relayed undecoded: still true (HEAD: as sent)
     await resp.prepare(request)
     outcome, error = "ok", None
@@ -317,6 +317,11 @@ async def _relay_body(
     except ConnectionResetError:
         return resp, "client_cancelled", "client disconnected"
     return resp, outcome, error
+
+
+def _first(head: Head, name: str) -> str | None:
+    values = head.values(name)
+    return values[0] if values else None
 
 
 def _sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> Sink:
