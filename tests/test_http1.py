@@ -139,7 +139,7 @@ def test_an_empty_chunked_body_and_bare_lf() -> None:
 
 
 def test_request_heads_keep_the_clients_fields_and_bytes() -> None:
-    head = request_head("POST", "/v1/x?a=%2F", "h:1", [("X-A", "1"), ("X-A", "2"), ("X-B", "\udcff")], 7)
+    head = request_head("POST", "/v1/x?a=%2F", "h:1", [(b"X-A", b"1"), (b"X-A", b"2"), (b"X-B", b"\xff")], 7)
     fields = b"X-A: 1\r\nX-A: 2\r\nX-B: \xff\r\n"
     assert head == b"POST /v1/x?a=%2F HTTP/1.1\r\nHost: h:1\r\n" + fields + b"Content-Length: 7\r\n\r\n"
     assert b"Content-Length" not in request_head("GET", "/", "h", [], 0)

@@ -61,3 +61,26 @@ async def test_relayed_absolute_form_goes_upstream_in_origin_form(tmp_path: Path
         assert up.lines == [b"GET /base" + sent + b" HTTP/1.1" for _, sent in relayed]
     finally:
         await up.close()
+
+
+async def test_request_fields_go_upstream_as_the_client_wrote_them(tmp_path: Path) -> None:
+    """Names in the client's case and order, values as their bytes (not UTF-8 included); hop-by-hop fields, those
+    named in Connection and the workload header dropped; Host and the body's length the proxy's own."""
+    up = await start_raw_upstream()
+    sent = (
+        b"POST /v1/x HTTP/1.1\r\nhost: proxy.test\r\ncontent-type: application/json\r\nX-odd-CASE: a \xff b\r\n"
+        b"Connection: close, X-Hop\r\nX-Hop: 1\r\nx-specproxy-workload: w\r\nTE: trailers\r\n"
+        b"accept: */*\r\naccept: text/plain\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    try:
+        async with started_proxy(up.url, tmp_path) as px:
+            got = await raw_exchange(px.url, sent)
+            assert got.startswith(b"HTTP/1.1 200"), got
+        (head,) = up.heads
+        host = up.url.removeprefix("http://").encode()
+        assert head == (
+            b"POST /v1/x HTTP/1.1\r\nHost: " + host + b"\r\ncontent-type: application/json\r\n"
+            b"X-odd-CASE: a \xff b\r\naccept: */*\r\naccept: text/plain\r\nContent-Length: 2\r\n\r\n"
+        ), head
+    finally:
+        await up.close()

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from specproxy.proxy.resolve import Resolver
 from specproxy.proxy.server import LINK, POOL
-from specproxy.proxy.upstream import EARLY_MAX, Connection, Exchange, Pool, request_head
+from specproxy.proxy.upstream import EARLY_MAX, Connection, Exchange, Pool, UpstreamError, request_head
 from tests.proxyutil import running_proxy
 from tests.upstreams import content_length, serving, start_raw_upstream
 
@@ -426,3 +426,30 @@ async def test_an_address_that_refuses_is_passed_over_for_the_next() -> None:
     finally:
         closed.close()
         await up.close()
+
+
+def test_one_address_is_connected_to_by_its_text_unless_it_carries_a_scope() -> None:
+    from specproxy.proxy.upstream import _numeric
+
+    tcp = (socket.SOCK_STREAM, socket.IPPROTO_TCP, "")
+    assert _numeric((socket.AF_INET, *tcp, ("10.0.0.2", 8000))) == (socket.AF_INET, "10.0.0.2", 8000)
+    assert _numeric((socket.AF_INET6, *tcp, ("::1", 8000, 0, 0))) == (socket.AF_INET6, "::1", 8000)
+    assert _numeric((socket.AF_INET6, *tcp, ("fe80::1", 8000, 0, 2))) is None  # a link-local address's interface
+    assert _numeric((socket.AF_UNIX, *tcp, "/run/engine.sock")) is None
+
+
+async def test_a_name_with_one_address_that_refuses_says_so_in_one_line() -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connecting is refused
+    try:
+        pool = Pool("http", "engine.internal", 1, connect_timeout_s=5.0, idle_timeout_s=5.0)
+        tcp = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "")
+        pool.resolver._cached = [(*tcp, closed.getsockname())]
+        pool.resolver._at = float("inf")  # as if looked up just now
+        head = request_head("POST", "/v1/x", "engine.internal", [], 2)
+        with pytest.raises(UpstreamError) as e:
+            await pool.request("POST", head, [b"{}"], lambda why: None)
+        assert (e.value.kind, str(e.value)) == ("connect", "upstream unreachable: Connection refused")
+        await pool.close()
+    finally:
+        closed.close()

@@ -95,11 +95,12 @@ async def start_upstream(
 
 @dataclass
 class RawUpstream:
-    """An upstream below HTTP libraries: it keeps each request line exactly as its bytes arrived (no URL parsing on
-    the way) and answers every request with ``reply``, on a kept-alive connection."""
+    """An upstream below HTTP libraries: it keeps each request line and head exactly as their bytes arrived (no URL
+    parsing on the way) and answers every request with ``reply``, on a kept-alive connection."""
 
     server: asyncio.Server
     lines: list[bytes]
+    heads: list[bytes] = field(default_factory=list)  # each request's head, whole, as it arrived
 
     @property
     def url(self) -> str:
@@ -140,12 +141,14 @@ async def start_raw_upstream(reply: bytes | list[bytes] = OK_REPLY, *, close_aft
     connection after the reply (a body delimited by the close, as in HTTP/1.0)."""
     pieces = reply if isinstance(reply, list) else [reply]
     lines: list[bytes] = []
+    heads: list[bytes] = []
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines.append(head.split(b"\r\n", 1)[0])
+                heads.append(head)
                 await reader.readexactly(content_length(head))
                 for i, piece in enumerate(pieces):
                     if i:
@@ -160,4 +163,4 @@ async def start_raw_upstream(reply: bytes | list[bytes] = OK_REPLY, *, close_aft
             writer.close()
 
     server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
-    return RawUpstream(server, lines)
+    return RawUpstream(server, lines, heads)

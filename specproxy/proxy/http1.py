@@ -51,17 +51,24 @@ class Head:
     """A parsed response head: ``version`` (major, minor), ``status``, ``reason``, ``fields`` as sent (decoded as
     aiohttp decodes them: UTF-8, undecodable bytes kept as surrogates)."""
 
-    __slots__ = ("fields", "reason", "status", "version")
+    __slots__ = ("_by_name", "fields", "reason", "status", "version")
 
     def __init__(self, version: tuple[int, int], status: int, reason: str, fields: list[tuple[str, str]]):
         self.version = version
         self.status = status
         self.reason = reason
         self.fields = fields
+        self._by_name: dict[str, list[str]] | None = None
 
     def values(self, name: str) -> list[str]:
-        name = name.lower()
-        return [v for k, v in self.fields if k.lower() == name]
+        """Every value of the field ``name`` (any case), in order. The fields are indexed by name once: a head is
+        asked for five or six of them (framing, keep-alive, what the client is told), each a scan of all."""
+        by_name = self._by_name
+        if by_name is None:
+            self._by_name = by_name = {}
+            for k, v in self.fields:
+                by_name.setdefault(k.lower(), []).append(v)
+        return by_name.get(name.lower(), [])
 
     def tokens(self, name: str) -> list[str]:
         """A list-valued field's elements (RFC 9110 5.6.1), lower case, over every line of it."""

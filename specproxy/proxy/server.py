@@ -39,7 +39,6 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 from yarl import URL
 
 from specproxy.core.errors import one_line
@@ -47,6 +46,7 @@ from specproxy.core.headers import CLIENT_KEEPALIVE_S, REQUEST_ID_HEADER, WORKLO
 from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig, basic_authorization
+from specproxy.proxy.http1 import Head
 from specproxy.proxy.link import EventLink, Relayed, header_names
 from specproxy.proxy.upstream import Exchange, Pool, Sink, UpstreamError, request_head
 from specproxy.recorder.recorder import Recorder
@@ -86,6 +86,7 @@ HOP_BY_HOP = frozenset(
 # the body has been read already: an Expect: 100-continue is answered here, not passed on
 _REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect", WORKLOAD_HEADER.lower()}
 _RESP_DROP = HOP_BY_HOP | {"content-length"}
+_REQ_DROP_RAW = frozenset(h.encode() for h in _REQ_DROP)  # for the fields as the client sent them
 
 CONFIG = web.AppKey("config", ProxyConfig)
 RECORDER = web.AppKey("recorder", Recorder)  # only with the bookkeeper on this loop (library use, tests)
@@ -108,6 +109,12 @@ class Upstream:
     prefix: str  # the base URL's path as written, without a trailing slash ("" for none)
     hosts: tuple[str, ...]  # its host, as error texts must not show it
     authorization: str | None = field(repr=False)  # --upstream-credentials-file or the URL's, for requests without
+
+    @property
+    def authorization_field(self) -> bytes | None:
+        """:attr:`authorization` as the bytes of a field value (as a client's field would have been sent)."""
+        a = self.authorization
+        return None if a is None else a.encode("utf-8", "surrogateescape")
 
     @classmethod
     def parse(cls, base: str, authorization: str | None = None) -> Upstream:
@@ -137,12 +144,15 @@ def _connection_tokens(headers: Any) -> set[str]:
     return out
 
 
-def _forward_request_headers(request: web.Request) -> CIMultiDict[str]:
-    drop = _REQ_DROP | _connection_tokens(request.headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in request.headers.items():
-        if k.lower() not in drop:
-            out.add(k, v)
+def _forward_request_fields(request: web.Request, authorization: bytes | None) -> list[tuple[bytes, bytes]]:
+    """The client's fields for the upstream, as the bytes it sent (aiohttp's ``raw_headers``: no decoding and
+    encoding back), without the hop-by-hop ones; ``authorization`` (the upstream's credentials) for a request that
+    brings none."""
+    tokens = _connection_tokens(request.headers) if "Connection" in request.headers else None
+    drop = _REQ_DROP_RAW | {t.encode("utf-8", "surrogateescape") for t in tokens} if tokens else _REQ_DROP_RAW
+    out = [(k, v) for k, v in request.raw_headers if k.lower() not in drop]
+    if authorization is not None and not any(k.lower() == b"authorization" for k, _ in out):
+        out.append((b"Authorization", authorization))
     return out
 
 
@@ -177,7 +187,9 @@ async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResp
             content_type="application/json",
         )
     try:
-        body = await read_body(request, limit=cfg.max_body_bytes, idle_s=cfg.client_body_timeout_s)
+        body = _arrived_body(request, cfg.max_body_bytes)
+        if body is None:
+            body = await read_body(request, limit=cfg.max_body_bytes, idle_s=cfg.client_body_timeout_s)
     except Refused as refused:  # turned away before forwarding (413, 408): no upstream request, no record
         link.refused(refused.status)
         answer = _refusal(request, refused)
@@ -202,6 +214,18 @@ async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResp
         raise
     finally:
         link.finish(relayed, outcome, error)
+
+
+def _arrived_body(request: web.Request, limit: int) -> Body | None:
+    """The body when all of it came with the head (a small request: the usual case), taken as :func:`read_body`
+    would take it but without arming its idle timer, which was a tenth of the handler's time under a burst of new
+    streams; None when some of it is still to come, or it is over ``limit`` (:func:`read_body` then answers)."""
+    content = request.content
+    if not request.body_exists:
+        return None if declared_too_large(request, limit) else Body()
+    if not content.is_eof() or content.total_bytes > limit or declared_too_large(request, limit):
+        return None
+    return Body([content.read_nowait()])
 
 
 def _refusal(request: web.Request, refused: Refused) -> web.Response:
@@ -231,10 +255,8 @@ async def _relay(
     request: web.Request, cfg: ProxyConfig, target: str, body: Body, relayed: Relayed
 ) -> tuple[web.StreamResponse, str, str | None]:
     up = request.app[UPSTREAM]
-    fields = _forward_request_headers(request)
-    if up.authorization is not None and "Authorization" not in fields:
-        fields["Authorization"] = up.authorization
-    head = request_head(request.method, up.prefix + target, up.authority, fields.items(), body.size)
+    fields = _forward_request_fields(request, up.authorization_field)
+    head = request_head(request.method, up.prefix + target, up.authority, fields, body.size)
 
     def resending(why: str) -> None:
         relayed.retried = why
@@ -259,11 +281,11 @@ async def _relay_body(
 ) -> tuple[web.StreamResponse, str, str | None]:
     link = request.app[LINK]
     head = await ex.head()
-    fields = CIMultiDict(head.fields)
-    content_type = fields.get("Content-Type")
-    link.head(relayed, head.status, content_type, fields.get("Content-Encoding"))
+    content_type = _first(head, "Content-Type")
+    link.head(relayed, head.status, content_type, _first(head, "Content-Encoding"))
     resp = web.StreamResponse(status=head.status, reason=head.reason or None)
-    drop = _RESP_DROP | _connection_tokens(fields)
+    connection = head.tokens("Connection")  # fields named in it are hop-by-hop too (RFC 9110 7.6.1)
+    drop = _RESP_DROP.union(connection) if connection else _RESP_DROP
     for k, v in head.fields:
         if k.lower() not in drop:
             resp.headers.add(k, v)
@@ -272,8 +294,8 @@ async def _relay_body(
         resp.headers["X-Accel-Buffering"] = "no"
         if "Cache-Control" not in resp.headers:
             resp.headers["Cache-Control"] = "no-cache"
-    length = fields.get("Content-Length")
-    if length is not None and "Transfer-Encoding" not in fields and length.isascii() and length.isdigit():
+    length = _first(head, "Content-Length")
+    if length is not None and not head.values("Transfer-Encoding") and length.isascii() and length.isdigit():
         resp.content_length = int(length)  # the exact bytes are relayed undecoded: still true (HEAD: as sent)
     await resp.prepare(request)
     outcome, error = "ok", None
@@ -295,6 +317,11 @@ async def _relay_body(
     except ConnectionResetError:
         return resp, "client_cancelled", "client disconnected"
     return resp, outcome, error
+
+
+def _first(head: Head, name: str) -> str | None:
+    values = head.values(name)
+    return values[0] if values else None
 
 
 def _sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> Sink:
