@@ -19,6 +19,9 @@ milliseconds, and ``/metrics`` sums the slots.
 
 Each stream's first event is its prefill; every later one is a decode step that drafted :data:`K` tokens and brought
 1, 2, 1 or 3 tokens in turn (``"tok "`` repeated), so a quarter of the draft tokens are accepted.
+
+One module: the server, its pacer and the counters it publishes are one process's loop, and what each writes is what
+the others count.
 """
 
 from __future__ import annotations
