@@ -30,6 +30,18 @@ def test_stamps_survive_any_split() -> None:
         assert [int(s) for s in got] == [1_000_000 + i for i in range(5)], cut
 
 
+def test_counted_stamps_survive_any_split() -> None:
+    """The saturation client's count: every event once, whatever the reads, and each read's newest stamp."""
+    data = b"".join(event(i, 1_000_000 + i) for i in range(5)) + b"data: [DONE]\n\n"
+    for cut in range(1, len(data)):
+        scan = StampScan()
+        (a, newest_a), (b, newest_b) = scan.count(data[:cut]), scan.count(data[cut:])
+        assert a + b == 5, cut
+        assert (newest_a is None) == (a == 0) and (newest_b is None) == (b == 0), cut
+        assert newest_a is None or newest_a == 1_000_000 + a - 1, cut
+        assert (newest_b if b else newest_a) == 1_000_004, cut
+
+
 async def _delaying_relay(upstream: str, delay_s: float) -> TestServer:
     """A pass-through that holds every piece exactly ``delay_s`` after it arrived (no accumulation)."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 
+STAMP_KEY = b'"t_ns":'
 STAMP = re.compile(rb'"t_ns":(\d+)')
 DONE = b"data: [DONE]\n\n"
 SSE_HEAD = (
@@ -58,3 +59,20 @@ class StampScan:
             return []
         self._tail = data[end + 2 :]
         return STAMP.findall(data, 0, end)
+
+    def count(self, data: bytes) -> tuple[int, int | None]:
+        """As :meth:`feed`, but only how many events the read completed and the stamp of the newest: at
+        saturation the client must cost less per event than a relay, and a stamp per event read in Python does
+        not (it was the client's cost per event, above a relay's)."""
+        if self._tail:
+            data = self._tail + data
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._tail = data
+            return 0, None
+        self._tail = data[end + 2 :]
+        n = data.count(STAMP_KEY, 0, end)
+        if not n:
+            return 0, None
+        match = STAMP.match(data, data.rfind(STAMP_KEY, 0, end))
+        return n, int(match.group(1)) if match else None
