@@ -227,8 +227,11 @@ def test_a_pinned_scaling_run_at_a_tiny_scale() -> None:
     assert any(t["target"].startswith("specproxy --workers 2 / --workers 1") for t in r["targets"])
 
 
-async def test_an_unpaced_stream_in_batches_sends_every_event_once_and_counts_them() -> None:
-    body = {"model": "bench", "messages": [], "max_tokens": 37, "stream": True}
+@pytest.mark.parametrize("events", [37, 203])
+async def test_an_unpaced_stream_in_batches_sends_every_event_once_and_counts_them(events: int) -> None:
+    """Batches of 16 (written as repeated cycles of step sizes when they can be): every event once, in order, and
+    the counters say what the events carry, token for token."""
+    body = {"model": "bench", "messages": [], "max_tokens": events, "stream": True}
     async with (
         python_child("-m", "specproxy.bench.upstream", "--steps-per-s", "0", "--batch", "16", url_on="stdout") as up,
         aiohttp.ClientSession() as s,
@@ -238,6 +241,11 @@ async def test_an_unpaced_stream_in_batches_sends_every_event_once_and_counts_th
         async with s.get(up.url + "/metrics") as r:
             snap = parse_snapshot(await r.text())
     stamps = StampScan().feed(data)
-    assert len(stamps) == 37 and data.endswith(b"data: [DONE]\n\n") and data.count(b'"finish_reason":"stop"') == 1
+    assert len(stamps) == events and data.endswith(b"data: [DONE]\n\n")
+    assert data.count(b'"finish_reason":"stop"') == 1
     assert stamps == sorted(stamps, key=int)
-    assert spec_counters(detect_engine(snap), snap.values).drafts == 36  # every event but the prefill
+    tokens = [e.count(b"tok ") for e in data.split(b"\n\n") if b'"t_ns"' in e]
+    assert tokens[0] == 1 and all(n in (1, 2, 3) for n in tokens)
+    counters = spec_counters(detect_engine(snap), snap.values)
+    assert counters.drafts == events - 1  # every event but the prefill
+    assert counters.accepted == sum(n - 1 for n in tokens[1:]) and counters.generation_tokens == sum(tokens)
