@@ -56,15 +56,11 @@ class Counters:
         self.per_position = [0] * K
 
     def sent(self, first: bool, tokens: int) -> None:
-        self.generation += tokens
         if first:
+            self.generation += tokens
             self.prefills += 1
             return
-        self.steps += 1
-        self.drafts += 1
-        self.accepted += tokens - 1
-        for i in range(tokens - 1):
-            self.per_position[i] += 1
+        self.steps_sent(tokens, 1)
 
     def steps_sent(self, tokens: int, times: int) -> None:
         """``times`` decode steps of ``tokens`` tokens each: as many ``sent(False, tokens)``."""
@@ -259,7 +255,7 @@ class Pacer:
                     s.done.set_result(None)
                 return
             first = s.sent == 0
-            n = 1 if first else _STEP_TOKENS[(s.sid + s.sent) % len(_STEP_TOKENS)]
+            n = 1 if first else _STEP_TOKENS[(s.sid + s.sent) % cycle]
             s.sent += 1
             if first:
                 self.counters.sent(True, n)

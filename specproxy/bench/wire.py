@@ -50,28 +50,25 @@ class StampScan:
     def __init__(self) -> None:
         self._tail = b""
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def _complete(self, data: bytes) -> tuple[bytes, int]:
+        """``data`` after what an earlier read left, and where its last complete event ends (-1: none; the rest is
+        kept for the next read)."""
         if self._tail:
             data = self._tail + data
         end = data.rfind(b"\n\n")
-        if end < 0:
-            self._tail = data
-            return []
-        self._tail = data[end + 2 :]
-        return STAMP.findall(data, 0, end)
+        self._tail = data if end < 0 else data[end + 2 :]
+        return data, end
+
+    def feed(self, data: bytes) -> list[bytes]:
+        data, end = self._complete(data)
+        return STAMP.findall(data, 0, end) if end >= 0 else []
 
     def count(self, data: bytes) -> tuple[int, int | None]:
         """As :meth:`feed`, but only how many events the read completed and the stamp of the newest: at
         saturation the client must cost less per event than a relay, and a stamp per event read in Python does
         not (it was the client's cost per event, above a relay's)."""
-        if self._tail:
-            data = self._tail + data
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._tail = data
-            return 0, None
-        self._tail = data[end + 2 :]
-        n = data.count(STAMP_KEY, 0, end)
+        data, end = self._complete(data)
+        n = data.count(STAMP_KEY, 0, end) if end >= 0 else 0
         if not n:
             return 0, None
         match = STAMP.match(data, data.rfind(STAMP_KEY, 0, end))

@@ -15,6 +15,7 @@ reader here (:class:`Framed`) is what it falls back on without httptools, and th
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Protocol
 
 MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and fields) longer than this is refused
@@ -72,7 +73,13 @@ class Head:
 
     def tokens(self, name: str) -> list[str]:
         """A list-valued field's elements (RFC 9110 5.6.1), lower case, over every line of it."""
-        return [t.strip().lower() for v in self.values(name) for t in v.split(",") if t.strip()]
+        return list_elements(self.values(name))
+
+
+def list_elements(values: Iterable[str]) -> list[str]:
+    """The elements of a list-valued field (RFC 9110 5.6.1) over its lines ``values``, lower case, empty ones left
+    out."""
+    return [t.strip().lower() for v in values for t in v.split(",") if t.strip()]
 
 
 def _text(b: bytes) -> str:

@@ -46,7 +46,7 @@ from specproxy.core.headers import CLIENT_KEEPALIVE_S, REQUEST_ID_HEADER, WORKLO
 from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig, basic_authorization
-from specproxy.proxy.http1 import Head
+from specproxy.proxy.http1 import Head, list_elements
 from specproxy.proxy.link import EventLink, Relayed, header_names
 from specproxy.proxy.upstream import Exchange, Pool, Sink, UpstreamError, request_head
 from specproxy.recorder.recorder import Recorder
@@ -138,10 +138,7 @@ def _error_body(message: str, code: int, kind: str) -> bytes:
 
 def _connection_tokens(headers: Any) -> set[str]:
     # Fields named in Connection are hop-by-hop too (RFC 9110 7.6.1).
-    out: set[str] = set()
-    for value in headers.getall("Connection", []):
-        out.update(t.strip().lower() for t in value.split(",") if t.strip())
-    return out
+    return set(list_elements(headers.getall("Connection", [])))
 
 
 def _forward_request_fields(request: web.Request, authorization: bytes | None) -> list[tuple[bytes, bytes]]:
