@@ -5,6 +5,7 @@ which cores."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from typing import Any
@@ -12,8 +13,12 @@ from typing import Any
 import aiohttp
 
 from specproxy.bench.config import BenchConfig, Relay
-from specproxy.bench.procs import format_cpus, pin_process
+from specproxy.bench.procs import format_cpus, pin_process, tree
+from specproxy.bench.wire import now_ns
 from specproxy.proxy.link import STATS_INTERVAL_S
+from specproxy.proxy.names import RELAY_PREFIX
+
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 async def proxy_has_workers() -> bool:
@@ -96,6 +101,57 @@ async def pin_roles(relay: Relay, cfg: BenchConfig, notes: list[str]) -> None:
                 pin_process(pid, frozenset({cpus[i % len(cpus)]}))
     except OSError as e:
         notes.append(f"{relay.name}: its processes could not be pinned ({e})")
+
+
+def cpu_series(root: int | None, upstream_pids: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """What to sample for saturation's window (bench/window.py): each of specproxy's relay processes (``relay
+    PID``), all of them (``relay``; a relay that does not name its processes: its whole tree), the upstream's."""
+    out: dict[str, tuple[int, ...]] = {}
+    if root is not None:
+        pids = tree(root)
+        each = [p for p in pids if (_comm(p) or "").startswith(RELAY_PREFIX)]
+        for p in each:
+            out[f"relay {p}"] = (p,)
+        out["relay"] = tuple(each) or tuple(pids)
+    if upstream_pids:
+        out["upstream"] = upstream_pids
+    return out
+
+
+async def sample_cpu(
+    series: dict[str, tuple[int, ...]], done: asyncio.Event, every_s: float = 0.02
+) -> dict[str, list[tuple[int, float]]]:
+    """Each series' CPU-seconds, read every ``every_s`` with the time of reading, until ``done``."""
+    out: dict[str, list[tuple[int, float]]] = {k: [] for k in series}
+    while True:
+        t = now_ns()
+        for k, pids in series.items():
+            out[k].append((t, cpu_s(pids)))
+        if done.is_set() or not series:
+            return out
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), every_s)
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def cpu_s(pids: tuple[int, ...]) -> float:
+    """User + system seconds of these live processes (not their children)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        ticks += int(rest[11]) + int(rest[12])
+    return ticks / _TICK
 
 
 def sharing(cfg: BenchConfig) -> str:
