@@ -1,6 +1,6 @@
-"""Saturation's rate over the window in which every stream is in flight (specproxy.bench.window), and each saturation
-row against ``--workers 1`` over that window and over the whole phase (specproxy.bench.verdicts.compare_saturation).
-Pure: made-up client results and CPU samples."""
+"""Saturation's rate over the window in which every relay process has streams (specproxy.bench.window), and each
+saturation row against ``--workers 1`` over that window and over the whole phase
+(specproxy.bench.verdicts.compare_saturation). Pure: made-up client results and CPU samples."""
 
 from __future__ import annotations
 
@@ -83,3 +83,14 @@ def test_a_row_without_a_window_is_named_in_a_note() -> None:
     sat = [_row(None, 0, 2e6, has_window=False), _row(1, 3e6, 2.5e6)]
     note = compare_saturation(sat)
     assert note is not None and "for direct (" in note and "--saturation-tokens" in note
+
+
+def test_with_owners_the_window_ends_when_the_first_relay_has_relayed_all_its_streams() -> None:
+    """Relay 1 holds streams of ports 1 and 2 (ending at 300 and 900 ms), relay 2 port 3 (600 ms): the window ends
+    at 600 ms, though a stream ended at 300; a stream of no known relay counts as one more relay."""
+    part = {**_part(0, [1] * 1000, 100.0, 300.0), "ends": [(1, 300 * MS), (2, 900 * MS), (3, 600 * MS)]}
+    assert window([part], {1: 11, 2: 11, 3: 22}) == (100 * MS, 600 * MS)
+    assert window([part], {1: 11, 2: 11}) == (100 * MS, 600 * MS)
+    assert window([part], {1: 11, 3: 22}) == (100 * MS, 300 * MS)
+    got = saturation_window([part], {}, {1: 11, 2: 11, 3: 22})
+    assert got is not None and got["s"] == pytest.approx(0.5) and got["streams_by_relay"] == [1, 2]

@@ -40,6 +40,7 @@ class _Target:
         self.flowing = 0  # streams that had their first event
         self.all_flowing_ns = 0  # the latest first event
         self.first_end_ns: int | None = None  # the earliest last event
+        self.ends: list[tuple[int, int]] = []  # each stream's local port and last event (which relay: by port)
 
     def result(self, tokens: int) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class _Target:
             "bins": self._bins(),
             "all_flowing_ns": self.all_flowing_ns if self.bins and self.flowing == self.streams else None,
             "first_end_ns": self.first_end_ns,
+            "ends": self.ends,
         }
 
     def _bins(self) -> dict[str, Any] | None:
@@ -91,11 +93,13 @@ async def _stream(
     t0 = now_ns()
     first = last = 0
     gap = 0
+    port = 0
     try:
         async with session.post(
             t.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
         ) as r:
             t.statuses[r.status] += 1
+            port = _local_port(r)
             async for piece in r.content.iter_any():
                 now = now_ns()
                 if per_read:
@@ -130,6 +134,13 @@ async def _stream(
     t.last_ns = max(t.last_ns, last)
     if per_read:
         t.first_end_ns = last if t.first_end_ns is None else min(t.first_end_ns, last)
+        t.ends.append((port, last))
+
+
+def _local_port(r: aiohttp.ClientResponse) -> int:
+    conn = r.connection
+    name = conn.transport.get_extra_info("sockname") if conn is not None and conn.transport is not None else None
+    return int(name[1]) if name else 0
 
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:

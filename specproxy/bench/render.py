@@ -57,7 +57,7 @@ def _role(cores: float | None, ms: float | None) -> str:
 
 
 def _window(sat: list[dict[str, Any]]) -> list[str]:
-    """Saturation over the window in which every stream is in flight (chunks/s above, and the targets) beside the
+    """Saturation over the window in which every relay process has streams (chunks/s above, and the targets) beside the
     whole phase, with the cores each relay process used in the window."""
     if not any(r.get("window") for r in sat):
         return []
@@ -80,9 +80,10 @@ def _window(sat: list[dict[str, Any]]) -> list[str]:
         )
     return [
         "",
-        "saturation over the window in which every stream is in flight (from the last stream's first event to the"
-        " first stream's last; the targets' figure) and over the whole phase (first start to last event: its tail"
-        " is the busiest relay's last streams); cores in use over the window",
+        "saturation over the window in which every relay process has streams (from the last stream's first event to"
+        " the moment the first relay process has relayed all its streams; the targets' figure) and over the whole"
+        " phase (first start to last event: its tail is the busiest relay's last streams); cores in use over the"
+        " window",
         *_table(
             ["", "window s", "chunks/s", "vs 1", "phase chunks/s", "vs 1", "relays' cores (each)", "upstream"], rows
         ),

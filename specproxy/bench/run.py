@@ -40,11 +40,10 @@ from specproxy.bench.procs import (
     tree_rss_bytes,
 )
 from specproxy.bench.roles import (
-    cpu_series,
     pin_roles,
     proxy_has_workers,
     proxy_status,
-    sample_cpu,
+    sample_phase,
     settled_status,
     sharing,
     shed_delta,
@@ -116,8 +115,7 @@ async def measure(
                 await asyncio.wait_for(done.wait(), 0.05)
 
     sampler = asyncio.create_task(sample())
-    # at saturation, CPU read through the phase: cores in use over the window in which every stream is in flight
-    sampled = asyncio.create_task(sample_cpu(cpu_series(relay.pid, load.upstream_pids) if rate == 0 else {}, done))
+    sampled = asyncio.create_task(sample_phase(relay, load.upstream_pids, done, rate == 0))  # at saturation
     spawned = await asyncio.gather(*(spawn_client(s, cpus=load.cpus_client) for s in specs))
     up_cpu = _cpu_of(load.upstream_pids) - up0
     outs = [client_result(o, relay.name) for o in spawned]
@@ -129,7 +127,7 @@ async def measure(
         settle_s = (now_ns() - t_end) / 1e9
     done.set()
     await sampler
-    win = saturation_window([o["targets"][0] for o in outs], await sampled) if rate == 0 else None
+    win = saturation_window([o["targets"][0] for o in outs], *await sampled) if rate == 0 else None
     cpu = tree_cpu_s(relay.pid) - cpu0 if relay.pid else None
     after = tree_cpu_by_role(relay.pid) if relay.pid else {}
     roles = {k: v - roles0[k] for k, v in after.items()}
@@ -171,7 +169,7 @@ async def measure(
         "ttft_p50_ms": _ms(percentile(ttft, 50)),
         "ttft_p99_ms": _ms(percentile(ttft, 99)),
         "max_gap_ms": _ms(max((g for p in parts for g in p["max_gap_us"]), default=None)),
-        # at saturation: over the window in which every stream is in flight (bench/window.py), when there is one
+        # at saturation: over the window in which every relay process has streams (bench/window.py), if there is one
         "chunks_per_s": win["chunks_per_s"] if win else phase_rate,
         "chunks_per_s_phase": phase_rate,  # events over the whole phase, first start to last event
         "window": win,

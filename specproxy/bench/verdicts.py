@@ -77,8 +77,8 @@ def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def compare_saturation(saturation: list[dict[str, Any]]) -> str | None:
     """Each saturation row against nginx's CPU per event (``cpu_vs_nginx``, ``relay_only_vs_nginx``) and against
-    ``--workers 1``'s chunks/s (``vs_workers_1``: over the window in which every stream is in flight, where each row
-    has one; ``vs_workers_1_phase``: over the whole phase). Returns a note when a row has no window."""
+    ``--workers 1``'s chunks/s (``vs_workers_1``: over the window in which every relay process has streams, where
+    each row has one; ``vs_workers_1_phase``: over the whole phase). Returns a note when a row has no window."""
     for row in saturation[1:]:
         row["cpu_vs_nginx"] = row["relay_only_vs_nginx"] = None
     ng = next((r for r in saturation if r["relay"].startswith("nginx")), None)
@@ -97,9 +97,10 @@ def compare_saturation(saturation: list[dict[str, Any]]) -> str | None:
     if not short:
         return None
     return (
-        f"saturation: no window of at least {MIN_WINDOW_S} s with every stream in flight for {', '.join(short)}"
-        " (streams too short for the stagger of their starts; raise --saturation-tokens): their chunks/s is over"
-        " the whole phase, which ends with the tail of the busiest relay's streams"
+        f"saturation: no window of at least {MIN_WINDOW_S} s in which every relay process had streams for"
+        f" {', '.join(short)} (one relay process ended all its streams before every stream had its first event;"
+        " raise --saturation-tokens): their chunks/s is over the whole phase, which ends with the tail of the"
+        " busiest relay's streams"
     )
 
 

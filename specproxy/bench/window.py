@@ -1,18 +1,21 @@
-"""Saturation's rate over the window in which every stream is in flight. Pure: the clients' results and CPU samples
-in, figures out.
+"""Saturation's rate over the window in which every relay process has streams. Pure: the clients' results, which
+relay process held each stream and CPU samples in, figures out.
 
 Over the whole phase a relay's chunks/s ends with a tail: the kernel spreads connections over ``--workers N`` relays
 by hash, not evenly, so some relays finish their streams early and sit idle while the busiest one still relays. That
-tail measures the hash's imbalance, not what the relays can carry. From the moment the last stream has its first
-event to the moment the first stream has its last, every stream is in flight, so every relay has every stream it was
-given: the chunks the client read in that window, over its length, is what the relays together carried while all of
-them had work. Each client counts the events of each read into 1 ms bins (by ``CLOCK_MONOTONIC``, one clock per
-machine) and says when its last stream began and its first stream ended; only bins wholly inside the window count.
+tail measures the hash's imbalance, not what the relays can carry. The window runs from the moment the last stream
+has its first event to the moment the first relay process has relayed the last event of all its streams: in it every
+relay has work. (From the last first event to the first stream's end, every stream in flight, was the first
+definition tried: at saturation a relay gives its early streams everything, so the last stream's first event came
+after the first stream's last and there was no such window.) Each client counts the events of each read into 1 ms
+bins (by ``CLOCK_MONOTONIC``, one clock per machine) and gives each stream's local port and last event; the bench
+reads from ``/proc`` which relay process holds each port's connection; only bins wholly inside the window count.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,13 +23,24 @@ BIN_NS = 1_000_000  # the clients' bins: events read per millisecond
 MIN_WINDOW_S = 0.2  # a shorter window (streams too short for the stagger of their starts) says too little
 
 
-def window(parts: Sequence[dict[str, Any]]) -> tuple[int, int] | None:
-    """The window, in ns, in which every stream of every client was in flight: from the latest first event to the
-    earliest last event; None when a client kept no bins (a paced phase) or no stream read an event."""
+def window(parts: Sequence[dict[str, Any]], owners: Mapping[int, int] | None = None) -> tuple[int, int] | None:
+    """The window, in ns, in which every relay process had streams: from the latest first event of any stream to
+    the earliest moment some relay process had relayed the last event of all its streams (``owners``: the client's
+    port of each stream, the relay process that held it; streams of no known process count as one more). Without
+    owners: to the earliest last event of any stream. None when a client kept no bins (a paced phase) or a stream
+    read no event."""
     if not parts or any(p.get("bins") is None or p.get("all_flowing_ns") is None for p in parts):
         return None
     start = max(int(p["all_flowing_ns"]) for p in parts)
-    end = min(int(p["first_end_ns"]) for p in parts)
+    if owners is None:
+        end = min(int(p["first_end_ns"]) for p in parts)
+    else:
+        last: dict[int, int] = {}
+        for p in parts:
+            for port, t in p["ends"]:
+                who = owners.get(int(port), 0)
+                last[who] = max(last.get(who, 0), int(t))
+        end = min(last.values(), default=0)
     return (start, end) if end > start else None
 
 
@@ -65,12 +79,14 @@ def cores(samples: Sequence[tuple[int, float]], start_ns: int, end_ns: int) -> f
 
 
 def saturation_window(
-    parts: Sequence[dict[str, Any]], cpu: Mapping[str, Sequence[tuple[int, float]]]
+    parts: Sequence[dict[str, Any]],
+    cpu: Mapping[str, Sequence[tuple[int, float]]],
+    owners: Mapping[int, int] | None = None,
 ) -> dict[str, Any] | None:
     """The window's figures: its bounds and length, the events read in it, chunks/s, and cores in use over it of
     each series in ``cpu`` (cumulative CPU-seconds sampled over the phase: ``relay``, ``relay <pid>``, ``upstream``
     ...); None when there is no window of at least ``MIN_WINDOW_S``."""
-    w = window(parts)
+    w = window(parts, owners)
     if w is None:
         return None
     events, span_s = events_in(parts, *w)
@@ -83,5 +99,6 @@ def saturation_window(
         "s": span_s,
         "events": events,
         "chunks_per_s": events / span_s,
+        "streams_by_relay": sorted(Counter(owners.values()).values()) if owners else None,
         "cores": {name: cores(s, first, last) for name, s in cpu.items()},
     }
