@@ -114,7 +114,7 @@ async def test_at_saturation_the_client_bins_every_event_and_says_when_all_its_s
         (t,) = json.loads(await spawn_client(json.dumps(spec)))["targets"]
     assert t["events"] == t["expected"] == 4 * 20000 and not t["errors"]
     assert sum(t["bins"]["counts"]) == t["events"]
-    assert t["bins"]["first"] * BIN_NS <= t["all_flowing_ns"] < t["first_end_ns"] <= t["last_ns"]
+    assert t["all_started_ns"] < t["bins"]["first"] * BIN_NS <= t["all_flowing_ns"] < t["first_end_ns"] <= t["last_ns"]
     assert t["last_ns"] < (t["bins"]["first"] + len(t["bins"]["counts"])) * BIN_NS
 
 

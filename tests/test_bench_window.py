@@ -14,10 +14,11 @@ from specproxy.bench.window import BIN_NS, events_in, saturation_window, window
 MS = BIN_NS
 
 
-def _part(first_bin: int, counts: list[int], all_flowing_ms: float, first_end_ms: float) -> dict[str, Any]:
+def _part(first_bin: int, counts: list[int], started_ms: float, first_end_ms: float) -> dict[str, Any]:
     return {
         "bins": {"first": first_bin, "counts": counts},
-        "all_flowing_ns": int(all_flowing_ms * MS),
+        "all_flowing_ns": int(started_ms * MS) + 5 * MS,
+        "all_started_ns": int(started_ms * MS),
         "first_end_ns": int(first_end_ms * MS),
     }
 

@@ -39,6 +39,7 @@ class _Target:
         self.bins: dict[int, int] = {}
         self.flowing = 0  # streams that had their first event
         self.all_flowing_ns = 0  # the latest first event
+        self.all_started_ns = 0  # the latest request sent
         self.first_end_ns: int | None = None  # the earliest last event
         self.ends: list[tuple[int, int]] = []  # each stream's local port and last event (which relay: by port)
 
@@ -57,6 +58,7 @@ class _Target:
             "last_ns": self.last_ns,
             "bins": self._bins(),
             "all_flowing_ns": self.all_flowing_ns if self.bins and self.flowing == self.streams else None,
+            "all_started_ns": self.all_started_ns,
             "first_end_ns": self.first_end_ns,
             "ends": self.ends,
         }
@@ -91,6 +93,7 @@ async def _stream(
     lat = t.lat_us
     bins = t.bins
     t0 = now_ns()
+    t.all_started_ns = max(t.all_started_ns, t0)
     first = last = 0
     gap = 0
     port = 0

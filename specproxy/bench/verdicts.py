@@ -98,7 +98,7 @@ def compare_saturation(saturation: list[dict[str, Any]]) -> str | None:
         return None
     return (
         f"saturation: no window of at least {MIN_WINDOW_S} s in which every relay process had streams for"
-        f" {', '.join(short)} (one relay process ended all its streams before every stream had its first event;"
+        f" {', '.join(short)} (one relay process ended all its streams before the last stream was sent;"
         " raise --saturation-tokens): their chunks/s is over the whole phase, which ends with the tail of the"
         " busiest relay's streams"
     )

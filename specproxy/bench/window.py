@@ -3,13 +3,13 @@ relay process held each stream and CPU samples in, figures out.
 
 Over the whole phase a relay's chunks/s ends with a tail: the kernel spreads connections over ``--workers N`` relays
 by hash, not evenly, so some relays finish their streams early and sit idle while the busiest one still relays. That
-tail measures the hash's imbalance, not what the relays can carry. The window runs from the moment the last stream
-has its first event to the moment the first relay process has relayed the last event of all its streams: in it every
-relay has work. (From the last first event to the first stream's end, every stream in flight, was the first
-definition tried: at saturation a relay gives its early streams everything, so the last stream's first event came
-after the first stream's last and there was no such window.) Each client counts the events of each read into 1 ms
-bins (by ``CLOCK_MONOTONIC``, one clock per machine) and gives each stream's local port and last event; the bench
-reads from ``/proc`` which relay process holds each port's connection; only bins wholly inside the window count.
+tail measures the hash's imbalance, not what the relays can carry. The window runs from the moment the last stream's
+request is sent to the moment the first relay process has relayed the last event of all its streams: in it every
+relay holds all the streams it will get and has work. (A saturated relay starves its newest streams: their first
+events can come near the phase's end, after other streams have ended, so windows that start at the last first event
+were empty on 16 cores.) Each client counts the events of each read into 1 ms bins (by ``CLOCK_MONOTONIC``, one
+clock per machine) and gives each stream's local port and last event; the bench reads from ``/proc`` which relay
+process holds each port's connection; only bins wholly inside the window count.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ MIN_WINDOW_S = 0.2  # a shorter window (streams too short for the stagger of the
 
 
 def window(parts: Sequence[dict[str, Any]], owners: Mapping[int, int] | None = None) -> tuple[int, int] | None:
-    """The window, in ns, in which every relay process had streams: from the latest first event of any stream to
+    """The window, in ns, in which every relay process had streams: from the moment the last stream's request was
+    sent (a saturated relay starves its newest streams, so their first events can come near the phase's end) to
     the earliest moment some relay process had relayed the last event of all its streams (``owners``: the client's
     port of each stream, the relay process that held it; streams of no known process count as one more). Without
     owners: to the earliest last event of any stream. None when a client kept no bins (a paced phase) or a stream
-    read no event."""
+    read no event (``all_flowing_ns``: when every stream had its first event, None if one never did)."""
     if not parts or any(p.get("bins") is None or p.get("all_flowing_ns") is None for p in parts):
         return None
-    start = max(int(p["all_flowing_ns"]) for p in parts)
+    start = max(int(p["all_started_ns"]) for p in parts)
     if owners is None:
         end = min(int(p["first_end_ns"]) for p in parts)
     else:
