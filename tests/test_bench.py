@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from specproxy.bench.procs import nginx_path, python_child, spawn_client
+from specproxy.bench.window import BIN_NS
 from specproxy.bench.wire import StampScan, event
 from specproxy.core.prom import SpecCounters, detect_engine, parse_snapshot, spec_counters
 from tests.proxyutil import running_proxy
@@ -103,6 +104,18 @@ async def test_client_measures_an_injected_delay() -> None:
     # the delay is per event, not per stream: the first event is late by it too, gaps are not
     assert min(delayed["ttft_us"]) / 1000 >= delay_ms - 5
     assert max(delayed["max_gap_us"]) / 1000 < 50 + 30  # 20 steps/s: 50 ms between events either way
+
+
+async def test_at_saturation_the_client_bins_every_event_and_says_when_all_its_streams_were_in_flight() -> None:
+    """The window of bench/window.py: every event counted once in a 1 ms bin, the last first event before the first
+    last event."""
+    async with python_child("-m", "specproxy.bench.upstream", "--steps-per-s", "0", url_on="stdout") as up:
+        spec = {"targets": [{"name": "direct", "url": up.url, "streams": 4}], "tokens": 20000, "steps_per_s": 0}
+        (t,) = json.loads(await spawn_client(json.dumps(spec)))["targets"]
+    assert t["events"] == t["expected"] == 4 * 20000 and not t["errors"]
+    assert sum(t["bins"]["counts"]) == t["events"]
+    assert t["bins"]["first"] * BIN_NS <= t["all_flowing_ns"] < t["first_end_ns"] <= t["last_ns"]
+    assert t["last_ns"] < (t["bins"]["first"] + len(t["bins"]["counts"])) * BIN_NS
 
 
 def _bench(*args: str) -> dict:  # type: ignore[type-arg]

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from specproxy.bench.procs import write_result
+from specproxy.bench.window import BIN_NS
 from specproxy.bench.wire import StampScan, now_ns
 
 
@@ -34,6 +35,12 @@ class _Target:
         self.error_examples: dict[str, str] = {}
         self.statuses: Counter[int] = Counter()
         self.last_ns = 0
+        # at saturation: events read per 1 ms bin, and when every stream was in flight (bench/window.py)
+        self.bins: dict[int, int] = {}
+        self.flowing = 0  # streams that had their first event
+        self.all_flowing_ns = 0  # the latest first event
+        self.first_end_ns: int | None = None  # the earliest last event
+        self.ends: list[tuple[int, int]] = []  # each stream's local port and last event (which relay: by port)
 
     def result(self, tokens: int) -> dict[str, Any]:
         return {
@@ -48,7 +55,17 @@ class _Target:
             "errors": dict(self.errors),
             "error_examples": self.error_examples,
             "last_ns": self.last_ns,
+            "bins": self._bins(),
+            "all_flowing_ns": self.all_flowing_ns if self.bins and self.flowing == self.streams else None,
+            "first_end_ns": self.first_end_ns,
+            "ends": self.ends,
         }
+
+    def _bins(self) -> dict[str, Any] | None:
+        if not self.bins:
+            return None
+        lo, hi = min(self.bins), max(self.bins)
+        return {"first": lo, "counts": [self.bins.get(k, 0) for k in range(lo, hi + 1)]}
 
 
 class _Flow:
@@ -72,14 +89,17 @@ async def _stream(
     await asyncio.sleep(delay_s)
     scan = StampScan()
     lat = t.lat_us
+    bins = t.bins
     t0 = now_ns()
     first = last = 0
     gap = 0
+    port = 0
     try:
         async with session.post(
             t.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
         ) as r:
             t.statuses[r.status] += 1
+            port = _local_port(r)
             async for piece in r.content.iter_any():
                 now = now_ns()
                 if per_read:
@@ -88,6 +108,8 @@ async def _stream(
                         continue
                     if newest is not None:
                         lat.append((now - newest) // 1000)
+                    k = now // BIN_NS
+                    bins[k] = bins.get(k, 0) + n
                 else:
                     stamps = scan.feed(piece)
                     n = len(stamps)
@@ -99,6 +121,8 @@ async def _stream(
                 if first == 0:
                     first = now
                     t.ttft_us.append((now - t0) // 1000)
+                    t.flowing += 1
+                    t.all_flowing_ns = max(t.all_flowing_ns, now)
                     flow.first()
                 else:
                     gap = max(gap, now - last)
@@ -108,6 +132,15 @@ async def _stream(
         t.error_examples.setdefault(type(e).__name__, str(e)[:160])
     t.max_gap_us.append(gap // 1000)
     t.last_ns = max(t.last_ns, last)
+    if per_read:
+        t.first_end_ns = last if t.first_end_ns is None else min(t.first_end_ns, last)
+        t.ends.append((port, last))
+
+
+def _local_port(r: aiohttp.ClientResponse) -> int:
+    conn = r.connection
+    name = conn.transport.get_extra_info("sockname") if conn is not None and conn.transport is not None else None
+    return int(name[1]) if name else 0
 
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:

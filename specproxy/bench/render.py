@@ -56,6 +56,40 @@ def _role(cores: float | None, ms: float | None) -> str:
     return "-" if cores is None and ms is None else f"{_f(cores)} / {_f(ms, '{:.1f}')}"
 
 
+def _window(sat: list[dict[str, Any]]) -> list[str]:
+    """Saturation over the window in which every relay process has streams (chunks/s above, and the targets) beside the
+    whole phase, with the cores each relay process used in the window."""
+    if not any(r.get("window") for r in sat):
+        return []
+    rows = []
+    for r in sat:
+        w = r.get("window") or {}
+        got = w.get("cores", {})
+        each = [v for k, v in sorted(got.items()) if k.startswith("relay ")]
+        rows.append(
+            [
+                r["relay"],
+                _f(w.get("s"), "{:.2f}"),
+                _f(r["chunks_per_s"] if w else None, "{:,.0f}"),
+                _f(r.get("vs_workers_1") if w else None, "{:.2f}x"),
+                _f(r.get("chunks_per_s_phase"), "{:,.0f}"),
+                _f(r.get("vs_workers_1_phase"), "{:.2f}x"),
+                _f(got.get("relay")) + (" (" + " ".join(_f(v) for v in each) + ")" if len(each) > 1 else ""),
+                _f(got.get("upstream")),
+            ]
+        )
+    return [
+        "",
+        "saturation over the window in which every relay process has streams (from the last stream's first event to"
+        " the moment the first relay process has relayed all its streams; the targets' figure) and over the whole"
+        " phase (first start to last event: its tail is the busiest relay's last streams); cores in use over the"
+        " window",
+        *_table(
+            ["", "window s", "chunks/s", "vs 1", "phase chunks/s", "vs 1", "relays' cores (each)", "upstream"], rows
+        ),
+    ]
+
+
 def _ceiling(bk: dict[str, Any] | None) -> list[str]:
     """The bookkeeper's ceiling, in words: between which relayed rates it stopped keeping up."""
     if not bk:
@@ -189,6 +223,7 @@ def render_levels(result: dict[str, Any]) -> str:
                     ],
                 ),
             ]
+        out += _window(sat)
         out += _ceiling(result.get("bookkeeper"))
         out += [
             "",

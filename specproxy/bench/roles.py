@@ -5,6 +5,7 @@ which cores."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from typing import Any
@@ -12,8 +13,12 @@ from typing import Any
 import aiohttp
 
 from specproxy.bench.config import BenchConfig, Relay
-from specproxy.bench.procs import format_cpus, pin_process
+from specproxy.bench.procs import format_cpus, pin_process, tree
+from specproxy.bench.wire import now_ns
 from specproxy.proxy.link import STATS_INTERVAL_S
+from specproxy.proxy.names import RELAY_PREFIX
+
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 async def proxy_has_workers() -> bool:
@@ -96,6 +101,98 @@ async def pin_roles(relay: Relay, cfg: BenchConfig, notes: list[str]) -> None:
                 pin_process(pid, frozenset({cpus[i % len(cpus)]}))
     except OSError as e:
         notes.append(f"{relay.name}: its processes could not be pinned ({e})")
+
+
+def cpu_series(root: int | None, upstream_pids: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """What to sample for saturation's window (bench/window.py): each of specproxy's relay processes (``relay
+    PID``), all of them (``relay``; a relay that does not name its processes: its whole tree), the upstream's."""
+    out: dict[str, tuple[int, ...]] = {}
+    if root is not None:
+        pids = tree(root)
+        each = [p for p in pids if (_comm(p) or "").startswith(RELAY_PREFIX)]
+        for p in each:
+            out[f"relay {p}"] = (p,)
+        out["relay"] = tuple(each) or tuple(pids)
+    if upstream_pids:
+        out["upstream"] = upstream_pids
+    return out
+
+
+async def sample_cpu(
+    series: dict[str, tuple[int, ...]], done: asyncio.Event, listen_port: int = 0, every_s: float = 0.02
+) -> tuple[dict[str, list[tuple[int, float]]], dict[int, int]]:
+    """Each series' CPU-seconds, read every ``every_s`` with the time of reading, until ``done``; and every 0.5 s
+    which process of series ``relay`` holds each client connection to ``listen_port`` (client port: pid)."""
+    out: dict[str, list[tuple[int, float]]] = {k: [] for k in series}
+    owners: dict[int, int] = {}
+    i = 0
+    while True:
+        t = now_ns()
+        for k, pids in series.items():
+            out[k].append((t, cpu_s(pids)))
+        if listen_port and i % max(1, round(0.5 / every_s)) == 0:
+            owners.update(connection_owners(series.get("relay", ()), listen_port))
+        i += 1
+        if done.is_set() or not series:
+            return out, owners
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), every_s)
+
+
+async def sample_phase(
+    relay: Relay, upstream_pids: tuple[int, ...], done: asyncio.Event, on: bool
+) -> tuple[dict[str, list[tuple[int, float]]], dict[int, int]]:
+    """At saturation (``on``), :func:`sample_cpu` of the relay's processes and the upstream's, and which relay
+    process holds each client connection; else nothing."""
+    if not on:
+        return {}, {}
+    port = int(relay.url.rsplit(":", 1)[1]) if relay.pid else 0
+    return await sample_cpu(cpu_series(relay.pid, upstream_pids), done, port)
+
+
+def connection_owners(pids: tuple[int, ...], listen_port: int) -> dict[int, int]:
+    """Which of ``pids`` holds each accepted loopback connection on ``listen_port``: the client's port, the pid
+    (``/proc/PID/fd`` gives each process's socket inodes, ``/proc/net/tcp`` each inode's ports)."""
+    by_inode: dict[str, int] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        by_inode[link[8:-1]] = pid
+    out: dict[int, int] = {}
+    try:
+        with open("/proc/net/tcp") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return out
+    for line in lines:
+        cols = line.split()
+        if len(cols) > 9 and cols[9] in by_inode and int(cols[1].rsplit(":", 1)[1], 16) == listen_port:
+            out[int(cols[2].rsplit(":", 1)[1], 16)] = by_inode[cols[9]]
+    return out
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def cpu_s(pids: tuple[int, ...]) -> float:
+    """User + system seconds of these live processes (not their children)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        ticks += int(rest[11]) + int(rest[12])
+    return ticks / _TICK
 
 
 def sharing(cfg: BenchConfig) -> str:

@@ -39,8 +39,17 @@ from specproxy.bench.procs import (
     tree_cpu_s,
     tree_rss_bytes,
 )
-from specproxy.bench.roles import pin_roles, proxy_has_workers, proxy_status, settled_status, sharing, shed_delta
-from specproxy.bench.verdicts import bookkeeper_ceiling, targets
+from specproxy.bench.roles import (
+    pin_roles,
+    proxy_has_workers,
+    proxy_status,
+    sample_phase,
+    settled_status,
+    sharing,
+    shed_delta,
+)
+from specproxy.bench.verdicts import bookkeeper_ceiling, compare_saturation, targets
+from specproxy.bench.window import saturation_window
 from specproxy.bench.wire import now_ns
 from specproxy.core.stats import percentile
 
@@ -106,6 +115,7 @@ async def measure(
                 await asyncio.wait_for(done.wait(), 0.05)
 
     sampler = asyncio.create_task(sample())
+    sampled = asyncio.create_task(sample_phase(relay, load.upstream_pids, done, rate == 0))  # at saturation
     spawned = await asyncio.gather(*(spawn_client(s, cpus=load.cpus_client) for s in specs))
     up_cpu = _cpu_of(load.upstream_pids) - up0
     outs = [client_result(o, relay.name) for o in spawned]
@@ -117,6 +127,7 @@ async def measure(
         settle_s = (now_ns() - t_end) / 1e9
     done.set()
     await sampler
+    win = saturation_window([o["targets"][0] for o in outs], *await sampled) if rate == 0 else None
     cpu = tree_cpu_s(relay.pid) - cpu0 if relay.pid else None
     after = tree_cpu_by_role(relay.pid) if relay.pid else {}
     roles = {k: v - roles0[k] for k, v in after.items()}
@@ -126,6 +137,7 @@ async def measure(
     ttft = sorted(x for p in parts for x in p["ttft_us"])
     events = sum(p["events"] for p in parts)
     span_s = (max(p["last_ns"] for p in parts) - min(o["start_ns"] for o in outs)) / 1e9
+    phase_rate = events / span_s if span_s > 0 else None
     statuses: dict[str, int] = {}
     errors: dict[str, int] = {}
     examples: dict[str, str] = {}
@@ -157,7 +169,10 @@ async def measure(
         "ttft_p50_ms": _ms(percentile(ttft, 50)),
         "ttft_p99_ms": _ms(percentile(ttft, 99)),
         "max_gap_ms": _ms(max((g for p in parts for g in p["max_gap_us"]), default=None)),
-        "chunks_per_s": events / span_s if span_s > 0 else None,
+        # at saturation: over the window in which every relay process has streams (bench/window.py), if there is one
+        "chunks_per_s": win["chunks_per_s"] if win else phase_rate,
+        "chunks_per_s_phase": phase_rate,  # events over the whole phase, first start to last event
+        "window": win,
         "client_chunks_per_s_per_process": events / client_wall / len(outs) if client_wall > 0 else None,
         "client_cpu_s": client_cpu,
         "span_s": span_s,
@@ -352,23 +367,9 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
                 row = await measure(r, cfg.saturation_streams, cfg.saturation_tokens, 0.0, cfg.clients, load)
                 row["workers"] = r.workers
                 saturation.append(row)
+    if short := compare_saturation(saturation):
+        notes.append(short)
     direct_sat = saturation[0]
-    for row in saturation[1:]:
-        row["cpu_vs_nginx"] = row["relay_only_vs_nginx"] = None
-    ng = next((r for r in saturation if r["relay"].startswith("nginx")), None)
-    if ng and ng["cpu_ms_per_1000"]:
-        for row in saturation[1:]:
-            if row["cpu_ms_per_1000"] is not None:
-                row["cpu_vs_nginx"] = row["cpu_ms_per_1000"] / ng["cpu_ms_per_1000"]
-            if row["relay_only_cpu_ms_per_1000"] is not None:
-                row["relay_only_vs_nginx"] = row["relay_only_cpu_ms_per_1000"] / ng["cpu_ms_per_1000"]
-    one = next((r for r in saturation if r.get("workers") == 1), None)
-    for row in saturation:
-        row["vs_workers_1"] = (
-            row["chunks_per_s"] / one["chunks_per_s"]
-            if one and one["chunks_per_s"] and row.get("workers") is not None and row["chunks_per_s"] is not None
-            else None
-        )
     cap = direct_sat["client_chunks_per_s_per_process"]
     return {
         "config": {**asdict(cfg), **{k: sorted(v) if v else None for k, v in _cpu_fields(cfg).items()}},

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from specproxy.bench.window import MIN_WINDOW_S
+
 CEILING_MIN_SPAN_S = 1.0  # a shorter phase fits in the relays' buffers: it says nothing of a sustained rate
 
 LAG_S = 2.5  # the bookkeeping still working this long after the last event: it did not keep up
+
+
+def _over_phase(r: dict[str, Any]) -> float:
+    """The rate the bookkeeper was given: events over the whole phase (at saturation ``chunks_per_s`` is over a
+    window of it)."""
+    rate = r.get("chunks_per_s_phase")
+    return float(rate if rate is not None else r["chunks_per_s"])
 
 
 def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -25,7 +34,7 @@ def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
             and r["chunks_per_s"]
             and r.get("span_s", 0.0) >= CEILING_MIN_SPAN_S
         ),
-        key=lambda r: r["chunks_per_s"],
+        key=_over_phase,
     )
     if not rows:
         return None
@@ -37,7 +46,7 @@ def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
 
     first = next((r for r in rows if behind(r)), None)
     kept = [r for r in rows if not behind(r)]
-    last = max(kept, key=lambda r: r["chunks_per_s"]) if kept else None
+    last = max(kept, key=_over_phase) if kept else None
 
     def at(r: dict[str, Any] | None) -> dict[str, Any] | None:
         if r is None:
@@ -46,7 +55,7 @@ def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
             "relay": r["relay"],
             "workers": r["workers"],
             "streams": r["streams"],
-            "chunks_per_s": r["chunks_per_s"],
+            "chunks_per_s": _over_phase(r),
             "bookkeeping_cores": r["bookkeeping_cores"],
             "bookkeeping_cpu_ms_per_1000": r["bookkeeping_cpu_ms_per_1000"],
             "shed_chunks": r["shed_chunks"],
@@ -64,6 +73,35 @@ def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
         "first_behind": at(first),
         "events_per_bookkeeper_cpu_s": est,
     }
+
+
+def compare_saturation(saturation: list[dict[str, Any]]) -> str | None:
+    """Each saturation row against nginx's CPU per event (``cpu_vs_nginx``, ``relay_only_vs_nginx``) and against
+    ``--workers 1``'s chunks/s (``vs_workers_1``: over the window in which every relay process has streams, where
+    each row has one; ``vs_workers_1_phase``: over the whole phase). Returns a note when a row has no window."""
+    for row in saturation[1:]:
+        row["cpu_vs_nginx"] = row["relay_only_vs_nginx"] = None
+    ng = next((r for r in saturation if r["relay"].startswith("nginx")), None)
+    if ng and ng["cpu_ms_per_1000"]:
+        for row in saturation[1:]:
+            if row["cpu_ms_per_1000"] is not None:
+                row["cpu_vs_nginx"] = row["cpu_ms_per_1000"] / ng["cpu_ms_per_1000"]
+            if row["relay_only_cpu_ms_per_1000"] is not None:
+                row["relay_only_vs_nginx"] = row["relay_only_cpu_ms_per_1000"] / ng["cpu_ms_per_1000"]
+    one = next((r for r in saturation if r.get("workers") == 1), None)
+    for row in saturation:
+        for key, field in (("vs_workers_1", "chunks_per_s"), ("vs_workers_1_phase", "chunks_per_s_phase")):
+            a, b = row.get(field), one.get(field) if one else None
+            row[key] = a / b if a is not None and b and row.get("workers") is not None else None
+    short = [r["relay"] for r in saturation if r.get("window") is None]
+    if not short:
+        return None
+    return (
+        f"saturation: no window of at least {MIN_WINDOW_S} s in which every relay process had streams for"
+        f" {', '.join(short)} (one relay process ended all its streams before every stream had its first event;"
+        " raise --saturation-tokens): their chunks/s is over the whole phase, which ends with the tail of the"
+        " busiest relay's streams"
+    )
 
 
 SCALING_TARGETS = {2: 1.8, 4: 3.5}  # --workers N: at least this many times --workers 1's chunks/s at saturation
