@@ -70,10 +70,8 @@ def _truth(records_path: str) -> dict[str, tuple[str, dict[str, Any], dict[str, 
     return out
 
 
-def _replay(log_path: str, *, held: bool, rates: dict[str, float] | None = None) -> tuple[Any, dict[str, Any]]:
+def _replay(log_path: str, *, held: bool) -> tuple[Any, dict[str, Any]]:
     led = ledger_module.CounterLedger()
-    if rates is not None:
-        led.drafting.rates = lambda: dict(rates)  # type: ignore[method-assign]
     popped: dict[str, Any] = {}
     waiting: list[str] = []
     with open(log_path) as f:
@@ -122,7 +120,7 @@ def replay(log_path: str, records_path: str) -> None:
     _, at_end = _replay(log_path, held=False)
     led, held = _replay(log_path, held=True)
     print("at end    ", _errors(truth, counted(at_end)))
-    print("held      ", _errors(truth, counted(held)), "final drafting rates", led.drafting.rates())
+    print("held      ", _errors(truth, counted(held)), "final drafting fit", led.drafting.weights())
     # the true rates: every interval's hidden drafts shared by each member's own hidden drafts per one-token step
     intervals: list[Interval] = []
     original = ledger_module.Interval

@@ -165,7 +165,9 @@ def test_partial_drafting_is_learned_from_drafts_per_step() -> None:
     assert led.draft_fraction is None  # fewer than 20 settled steps
     led.settle(100 * MS, _delta(30, accepted=0, drafts=12))  # ngram drafted on 12 of 30 steps
     assert led.draft_fraction == pytest.approx(0.4) and led.partial_drafting
-    assert led.drafting.rates() == {"": pytest.approx(0.4, abs=0.01)}
+    # no step brought several tokens: nothing says how often first drafts are accepted, so nothing is fitted and
+    # one-token steps share the drafts alike
+    assert led.drafting.weights().first_accept == {}
 
 
 def test_ledger_forgets_old_chunks_when_nothing_settles() -> None:

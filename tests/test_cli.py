@@ -51,6 +51,7 @@ def test_version() -> None:
         (("proxy", "--upstream", "http://x", "--listen", "1.2.3.4:70000"), "port"),
         (("proxy", "--upstream", "http://x", "--rules", "/nonexistent/rules.json"), "rules"),
         (("proxy", "--upstream", "http://x", "--max-body", "lots"), "size"),
+        (("proxy", "--upstream", "http://x", "--workers", "-1"), "--workers must be between 0 and 256, got -1"),
         (("sim", "--spec-method", "magic"), "spec_method"),
         (("sim", "--engines", "0"), "engines"),
         (("run", "--target", "http://127.0.0.1:9", "--workload", "klingon_poetry"), "ja_chat"),

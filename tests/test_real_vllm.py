@@ -260,32 +260,39 @@ async def test_mixed_run_attribution_sums_to_the_counters_and_matches_separate_r
         chunks = sum(len(r["chunks"]) for r in recs)
         merged = len(recs) + totals["decode_steps"] - chunks
         server = sum(r["spec"]["estimates"]["server"]["accepted"] for r in recs)  # type: ignore[index, misc]
+        # A reader that fell far behind (the load generator beside busy processes) can read a whole reply in one read
+        # after the engine counted its steps: its chunks then never meet the interval of their steps, and the record
+        # has no counters figure (1 of 16 records, in 4 of 35 runs of this test, 2026-12-03). Those requests' part
+        # of the delta is their server figure here
+        counted = [r for r in recs if r["spec"]["estimates"].get("counters") is not None]
+        for r in recs:
+            assert r in counted or ("multi_event_reads" in r["flags"] and len({t for t, _ in r["chunks"]}) == 1), r
         attributed = {
-            key: sum(r["spec"]["estimates"]["counters"][key] for r in recs)  # type: ignore[index, misc]
+            key: sum(r["spec"]["estimates"]["counters"][key] for r in counted)  # type: ignore[index, misc]
+            + sum(r["spec"]["estimates"]["server"][key] for r in recs if r not in counted)  # type: ignore[index, misc]
             for key in ("accepted", "drafts", "draft_tokens")
         }
-        assert merged >= 0
+        assert merged >= 0 and len(counted) >= len(recs) - 2
         assert server == totals["accepted"]
-        # Not exact (measured here, 12 requests at concurrency 4 on a busy 2-core machine: accepted +4.4 to +4.5 %,
-        # drafts -0.7 to -3.5 %; docs/real-engine.md), but close
-        for key, bound in (("accepted", 0.08), ("drafts", 0.05), ("draft_tokens", 0.05)):
+        # Not exact (measured here, 12 requests at concurrency 4 on a busy 2-core machine: accepted +4.4 to +4.5 %;
+        # docs/real-engine.md), but close; drafts within 3 % through the proxy (0.1-2.0 % under the delta in ten
+        # runs, quiet and busy, 2026-12-03). The load generator reads in the process that drives the
+        # requests and lags on a busy host: its late chunks meet other intervals' deltas, and one busy run of 16
+        # shared 4.2 % fewer drafts than the delta
+        drafts_bound = 0.03 if who == "proxy" else 0.05
+        for key, bound in (("accepted", 0.08), ("drafts", drafts_bound), ("draft_tokens", drafts_bound)):
             assert attributed[key] == pytest.approx(totals[key], rel=bound, abs=merged), (who, key, attributed, totals)
-        # and per workload, the shares of overlapping requests stay close to the server's own figures (records are
-        # held for a stable drafting model, here until the run ends: -3 to -5 points quiet, -8.3, -9.7 and -12.2
-        # (ja_chat) beside two busy processes in nine runs, the other workload the mirror: with ngram (not every step
-        # drafts) a request's drafts hidden in one-token steps rest on the drafting model fitted over a dozen
-        # intervals, and a busy host moves it (an unsolved drift, docs/real-engine.md); shares from the model as it
-        # stood at each request's end swung -8.9 to +9.8 and failed CI at 10.3). The load generator reads its chunks
-        # in the process that also drives the requests: with other work on the host its reads lag more (10 of 16
-        # records with several steps a read, 2026-12-03), its steps land in later intervals, and its drafts were
-        # shared 12.5 and 15.1 points off for code_agent (ja_chat the mirror) in two busy runs; quiet, both 3-4
-        # points. Its records report the server's figure (source "server") all the same: the counters' share is
-        # their fallback, and these bounds only catch a share gone wrong altogether
-        server, shared = _acceptance(recs, "server"), _acceptance(recs, "counters")
+        # and per workload, the shares of overlapping requests stay close to the server's own figures. With ngram
+        # (not every step drafts) a request's drafts hidden in one-token steps follow from its share of multi-token
+        # steps and its workload's first-draft acceptance, fitted over the run's intervals: a dozen or two here, as
+        # the engine gives per-request figures and the proxy then scrapes seldom. Seen 0.1-3.9 points off in two
+        # quiet runs, up to 8.6 beside two busy processes (the load generator, whose reads lag most). Before that
+        # model (a drafting rate per workload, fitted freely) the same test read up to 15 points off through the
+        # proxy and 31 for the load generator on a busy host (docs/real-engine.md)
+        server, shared = _acceptance(counted, "server"), _acceptance(counted, "counters")
         assert set(shared) == {"ja_chat", "code_agent"}
-        bound = 0.15 if who == "proxy" else 0.25
         for w in shared:
-            assert abs(shared[w] - server[w]) <= bound, (who, w, shared, server)
+            assert abs(shared[w] - server[w]) <= 0.12, (who, w, shared, server)
     await _report_shows_where_drafts_land(mixed_proxy, proxy_recs)
     # mixed or alone, a workload's acceptance is the same within run-to-run noise (batching changes bf16 numerics,
     # so texts and acceptance move between runs: with 8 requests, one reply that turns repetitive moves the pooled

@@ -7,7 +7,7 @@ One pure file per idea, in the order data flows through them:
 - ``intervals``: one scrape interval, cut from the stream of chunks by the engine's decode-step count, and how its
   counter delta is shared among its requests.
 - ``wls`` and ``fit``: the weighted regression the two models of the counters (acceptance of inexact requests,
-  drafting rate of partial drafters) share, learned across intervals.
+  first-draft acceptance of partial drafters) share, learned across intervals.
 - ``ledger``: :class:`CounterLedger`, the bookkeeping that turns chunks and scrapes into intervals and intervals into
   each request's counter figure.
 - ``choice``: which estimate a record reports, and its flags.

@@ -86,16 +86,54 @@ class Evidence:
         self.multi += a.multi
         self.exact = self.exact and a.exact
 
-    def odds_ratio(self, workload_multi: float | None) -> float | None:
-        """This request's odds of a multi-token step over its workload's (``workload_multi``: the workload's share
-        of multi-token steps), shrunk towards 1 when it has few steps; None when not known (inexact counts)."""
-        if not self.exact or workload_multi is None or not 0.0 < workload_multi < 1.0:
+    def multi_odds(self, workload_multi: float | None) -> float | None:
+        """The odds ``f / (1 - f)`` of this request's steps bringing several tokens, its own share shrunk towards its
+        workload's (``workload_multi``) while it has few steps; None when not known (inexact counts show no
+        multi-token steps, or no figure for its workload)."""
+        if not self.exact or workload_multi is None:
             return None
-        f = (self.multi + PRIOR_STEPS * workload_multi) / (self.steps + PRIOR_STEPS)
-        return (f / (1.0 - f)) / (workload_multi / (1.0 - workload_multi))
+        f = min(MAX_MULTI, (self.multi + PRIOR_STEPS * workload_multi) / (self.steps + PRIOR_STEPS))
+        return f / (1.0 - f)
+
+    def hidden_rate(self, workload_multi: float | None, first_accept: float | None) -> float | None:
+        """How likely one of this request's one-token steps is to have drafted and had every draft rejected; None
+        when not known (see :meth:`multi_odds`, or no ``first_accept``).
+
+        A drafting step brings several tokens when its first draft is accepted (probability ``first_accept``, a).
+        A request that drafts on a share p of its steps brings several tokens on f = p a of them and one token on
+        the rest, of which p (1 - a) drafted: q = p (1 - a) / (1 - f) = f / (1 - f) * (1 - a) / a, and 1 when
+        f >= a (every step drafts). On the real CPU vLLM (ngram k = 3) this put a reply that drafts on 13 % of its
+        steps and one that drafts on 90 % each within a few hundredths of their true q (0.04 and 0.81), from one
+        a (0.64) for both workloads.
+        """
+        odds = self.multi_odds(workload_multi)
+        if odds is None or first_accept is None or not 0.0 < first_accept <= 1.0:
+            return None
+        return min(1.0, odds * (1.0 - first_accept) / first_accept)
 
 
-PRIOR_STEPS = 8.0  # a request's own drafting evidence counts as much as its workload's after this many steps
+@dataclass(frozen=True, slots=True)
+class DraftWeights:
+    """What says how likely a one-token step is to have drafted, per workload: its first draft position's
+    acceptance (for requests with exact counts, with their own evidence), its drafts per step (for requests whose
+    counts are inexact: no multi-token steps to go by), and its share of multi-token steps (what a request's own is
+    shrunk towards). A workload missing from a mapping: its one-token steps weigh 1 each."""
+
+    first_accept: Mapping[str, float] = field(default_factory=dict)
+    inexact_rate: Mapping[str, float] = field(default_factory=dict)
+    workload_multi: Mapping[str, float] = field(default_factory=dict)
+
+    def weight(self, workload: str, ev: Evidence, unknown: float) -> float:
+        """A member's one-token steps in an interval, each weighted by how likely it is to have drafted."""
+        if not ev.exact:
+            rate = self.inexact_rate.get(workload)
+            return unknown if rate is None else unknown * min(1.0, rate)
+        q = ev.hidden_rate(self.workload_multi.get(workload), self.first_accept.get(workload))
+        return unknown if q is None else unknown * q
+
+
+PRIOR_STEPS = 3.0  # a request's own drafting evidence counts as much as its workload's after this many steps
+MAX_MULTI = 0.99  # a request that brought several tokens on every step: odds kept finite
 
 
 def cut(chunks: deque[Chunk], *, boundary_ns: int, quota: int | None) -> dict[str, Activity]:
@@ -154,9 +192,6 @@ class Interval:
     truncated: set[str] = field(default_factory=set)  # members that ended cut by max_tokens
     # each member's drafting evidence over its whole life (shared, growing objects: see Evidence)
     evidence: dict[str, Evidence] = field(default_factory=dict)
-    # workload -> its one-token steps here weighted by odds ratios as they stood when the interval settled: what the
-    # draft model was fitted on, so what its rates multiply
-    settled_unknown: dict[str, float] = field(default_factory=dict)
     # what sharing needs, computed once per state of the models (``version``) rather than once per member: a member's
     # share is then a lookup, and an interval of n requests costs O(n), not O(n^2), to share out
     _draft_plan: tuple[int, float, dict[str, float], float] | None = field(default=None, init=False, repr=False)
@@ -206,47 +241,35 @@ class Interval:
                 by_w[w] = (w_steps + a.steps, w_text + a.tokens)
         return by_w, remainder
 
-    def draft_observation(
-        self, workload_multi: Mapping[str, float] | None = None
-    ) -> tuple[dict[str, float], float] | None:
-        """(workload -> its steps not known to have drafted, each weighted by its request's odds ratio; drafts less
-        the steps known to have); None without drafts."""
+    def draft_observation(self) -> tuple[float, float, list[tuple[str, float, Evidence]]] | None:
+        """(drafts beyond the steps known to have drafted, decode steps, each member's workload, steps not known to
+        have drafted and evidence): what teaches the drafting model
+        (:class:`~specproxy.attribution.fit.DraftModel`); None without drafts. An interval cut by time can hold
+        foreign steps: mostly our own late chunks when a busy reader falls behind, so it teaches all the same (a
+        reader of the real CPU vLLM beside two busy processes had most of its intervals so; left out, the model had
+        nothing to learn from and one workload's drafts read 15 points off)."""
         if self.delta.drafts <= 0:
             return None
-        unknown: dict[str, float] = {}
-        for rid, scaled in self._scaled_unknown(workload_multi or {}).items():
-            w = self.workloads.get(rid, "")
-            unknown[w] = unknown.get(w, 0.0) + scaled
-        return unknown, self.delta.drafts - self.known_drafted
-
-    def _scaled_unknown(self, workload_multi: Mapping[str, float]) -> dict[str, float]:
-        """member -> its one-token steps here, weighted by its odds ratio (unweighted when that is not known)."""
-        out: dict[str, float] = {}
-        for m, a in self.members.items():
-            ev = self.evidence.get(m)
-            ratio = ev.odds_ratio(workload_multi.get(self.workloads.get(m, ""))) if ev is not None else None
-            out[m] = a.unknown if ratio is None else a.unknown * ratio
-        return out
+        members = [
+            (self.workloads.get(rid, ""), a.unknown, self.evidence.get(rid) or Evidence(exact=a.exact))
+            for rid, a in self.members.items()
+        ]
+        return self.delta.drafts - self.known_drafted, self.steps, members
 
     # -- shares ----------------------------------------------------------------------------------------------------
     def draft_share(
-        self,
-        rid: str,
-        rates: Mapping[str, float],
-        partial: bool,
-        workload_multi: Mapping[str, float] | None = None,
-        version: int | None = None,
+        self, rid: str, weights: DraftWeights | None, partial: bool, version: int | None = None
     ) -> tuple[float, float]:
         """This request's drafts and draft tokens in the interval.
 
         When every step drafts (MTP, EAGLE, draft models) drafts follow steps. When only some do (``partial``:
         ngram), a step that brought several tokens certainly drafted, and the remaining drafts (all rejected) belong
-        to one-token steps. How likely a one-token step is to have drafted differs by request: with ``f`` the share
-        of a request's steps that brought several tokens and ``a1`` the first draft position's acceptance, its odds
-        are ``f / (1 - f) * (1 - a1) / a1``. So one-token steps are weighted by their request's odds ratio to its
-        workload (:meth:`Evidence.odds_ratio`; ``workload_multi``: each workload's ``f``), and each workload's
-        weighted steps by its fitted rate (``rates``, fitted on the same weighting: :meth:`draft_observation`).
-        Draft tokens follow drafts. ``version``: the models' state; the weights are computed once per version.
+        to one-token steps. How likely a one-token step is to have drafted differs by request: it follows from the
+        share of the request's steps that brought several tokens and its workload's first draft position's
+        acceptance (``weights``, fitted across intervals: :class:`~specproxy.attribution.fit.DraftModel`; see
+        :meth:`Evidence.hidden_rate`). The remaining drafts are shared by one-token steps weighted so, with each
+        member's evidence as it stands now (its whole life, for a member that has ended). Draft tokens follow
+        drafts. ``version``: the models' state; the weights are computed once per version.
         """
         drafts = self.delta.drafts
         me = self.members[rid]
@@ -257,31 +280,20 @@ class Interval:
             plan = self._draft_plan
             if plan is None or version is None or plan[0] != version:
                 rest = max(0.0, drafts - self.known_drafted)
-                weights = self._draft_weights(rates, workload_multi or {})
-                total = sum(weights.values())
+                w = weights or DraftWeights()
+                shares = {
+                    m: w.weight(self.workloads.get(m, ""), self.evidence.get(m) or Evidence(exact=a.exact), a.unknown)
+                    for m, a in self.members.items()
+                }
+                total = sum(shares.values())
                 if total <= 0:
-                    weights = {m: a.unknown for m, a in self.members.items()}
-                    total = sum(weights.values())
-                plan = self._draft_plan = (-1 if version is None else version, rest, weights, total)
-            _, rest, weights, total = plan
-            mine = min(me.steps, me.known_drafted + (rest * weights[rid] / total if total > 0 else 0.0))
+                    shares = {m: a.unknown for m, a in self.members.items()}
+                    total = sum(shares.values())
+                plan = self._draft_plan = (-1 if version is None else version, rest, shares, total)
+            _, rest, shares, total = plan
+            mine = min(me.steps, me.known_drafted + (rest * shares[rid] / total if total > 0 else 0.0))
         tokens = self.delta.draft_tokens * mine / drafts if drafts else 0.0
         return mine, tokens
-
-    def _draft_weights(self, rates: Mapping[str, float], workload_multi: Mapping[str, float]) -> dict[str, float]:
-        """Each workload's part is its fitted rate times its weighted one-token steps as the fit saw them; within a
-        workload, members share it by their one-token steps weighted by their odds ratios as they stand now (their
-        whole evidence, for a member that has ended)."""
-        by_w: dict[str, dict[str, float]] = {}
-        for m, v in self._scaled_unknown(workload_multi).items():
-            by_w.setdefault(self.workloads.get(m, ""), {})[m] = v
-        weights: dict[str, float] = {}
-        for w, scaled in by_w.items():
-            total = sum(scaled.values())
-            part = rates.get(w, 1.0) * self.settled_unknown.get(w, total)
-            for m, v in scaled.items():
-                weights[m] = part * v / total if total > 0 else 0.0
-        return weights
 
     def accepted_share(
         self, rid: str, coef: Mapping[str, tuple[float, float]], version: int | None = None

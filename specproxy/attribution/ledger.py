@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.estimates import SpecEstimate
 from specproxy.attribution.fit import AcceptanceModel, DraftModel
-from specproxy.attribution.intervals import Chunk, Evidence, Interval, cut, step_quota
+from specproxy.attribution.intervals import Chunk, DraftWeights, Evidence, Interval, cut, step_quota
 from specproxy.core.prom import SpecCounters
 
 PARTIAL_DRAFTING_BELOW = 0.95  # drafts per decode step under this: the method drafts on some steps only
@@ -79,13 +79,16 @@ def counts_of(delta: SpecCounters) -> SpecCounts:
     return SpecCounts(delta.accepted or 0.0, delta.drafts or 0.0, delta.draft_tokens or 0.0, delta.per_position)
 
 
+# the models' state, the acceptance model's coefficients, whether drafting is partial, the drafting model's weights
+_Params = tuple[int, dict[str, tuple[float, float]], bool, DraftWeights | None]
+
+
 class CounterLedger:
     def __init__(self) -> None:
         self._chunks: deque[Chunk] = deque()
         self._unordered = False  # a chunk arrived read earlier than the last one: sort before the next cut
         self._req: dict[str, _Request] = {}
         self.model = AcceptanceModel()
-        self.drafting = DraftModel()
         self.unattributed = SpecCounts()  # deltas that fell in intervals with no request of ours
         self.total = SpecCounts()
         self.settled_steps = 0.0  # decode steps seen in intervals that got a delta
@@ -93,9 +96,10 @@ class CounterLedger:
         self.aligned = 0  # intervals cut by the engine's step count
         self.time_cut = 0  # intervals cut by time
         self._multi: dict[str, Evidence] = {}  # workload -> its steps and multi-token steps, exact counts only
+        self.drafting = DraftModel(self._multi)
         # the models' state: it moves on with every settled interval; shares computed for one state are reused
         self._version = 0
-        self._params: tuple[int, dict[str, tuple[float, float]], bool, dict[str, float], dict[str, float]] | None = None
+        self._params: _Params | None = None
 
     # -- what the recorder reports ---------------------------------------------------------------------------------
     def begin(self, rid: str, workload: str = "") -> None:
@@ -204,8 +208,7 @@ class CounterLedger:
         if not reset:
             if (obs := interval.acceptance_observation()) is not None:
                 self.model.add(*obs)
-            if (drafted := interval.draft_observation(self._workload_multi())) is not None:
-                interval.settled_unknown = drafted[0]
+            if (drafted := interval.draft_observation()) is not None:
                 self.drafting.add(*drafted)
 
     # -- what the recorder asks ------------------------------------------------------------------------------------
@@ -222,7 +225,7 @@ class CounterLedger:
         fraction = self.draft_fraction
         return fraction is not None and fraction < PARTIAL_DRAFTING_BELOW
 
-    def _models(self) -> tuple[int, dict[str, tuple[float, float]], bool, dict[str, float], dict[str, float]]:
+    def _models(self) -> _Params:
         """The fitted models as they stand, solved once per state (many requests end between two scrapes)."""
         if self._params is None or self._params[0] != self._version:
             partial = self.partial_drafting
@@ -230,13 +233,13 @@ class CounterLedger:
                 self._version,
                 self.model.coefficients(),
                 partial,
-                self.drafting.rates() if partial else {},
-                self._workload_multi() if partial else {},
+                self._draft_weights() if partial else None,
             )
         return self._params
 
-    def _workload_multi(self) -> dict[str, float]:
-        return {w: e.multi / e.steps for w, e in self._multi.items() if e.steps > 0}
+    def _draft_weights(self) -> DraftWeights:
+        self.drafting.refit()
+        return self.drafting.weights()
 
     def pending_for(self, rid: str) -> bool:
         """Whether some chunk of ``rid`` still waits for a counter delta."""
@@ -266,7 +269,7 @@ class CounterLedger:
             r.incomplete = True  # some of its steps were never covered by a delta
         if not r.intervals:
             return None
-        version, coef, partial, rates, multi = self._models()
+        version, coef, partial, weights = self._models()
         if r.truncated and not r.incomplete:
             # (Incomplete: its last step's interval never settled, and no interval may take the tail for it.)
             # The unemitted drafts of a max_tokens cut are counted in the step that sent its last chunk, so only
@@ -276,7 +279,7 @@ class CounterLedger:
             r.intervals[-1].truncated.add(rid)
         mine = SpecCounts()
         for interval in r.intervals:
-            drafts, draft_tokens = interval.draft_share(rid, rates, partial, multi, version)
+            drafts, draft_tokens = interval.draft_share(rid, weights, partial, version)
             accepted, pos = interval.accepted_share(rid, coef, version)
             mine = mine + SpecCounts(accepted, drafts, draft_tokens, tuple(pos))
         est = SpecEstimate(

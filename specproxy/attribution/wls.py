@@ -39,13 +39,18 @@ class WeightedLeastSquares:
             for j, xj in row:
                 self.xtx[i][j] += weight * xi * xj
 
-    def system(self, ridge: float, prior: Sequence[float]) -> tuple[list[list[float]], list[float]]:
-        """The regularised system ``(X'WX + lam I) b = X'Wy + lam prior``, with ``lam`` as ``ridge`` times the mean
-        diagonal (scale-free) plus a floor that keeps an empty column solvable."""
+    def system(
+        self, ridge: float, prior: Sequence[float], lam: Sequence[float] | None = None
+    ) -> tuple[list[list[float]], list[float]]:
+        """The regularised system ``(X'WX + Lam) b = X'Wy + Lam prior``, with ``Lam`` diagonal: ``lam`` per column
+        as given (a prior worth a fixed amount of evidence) or ``ridge`` times the mean diagonal (scale-free), plus
+        a floor that keeps an empty column solvable."""
         n = self.columns
-        lam = ridge * sum(self.xtx[i][i] for i in range(n)) / n + 1e-9
-        a = [[self.xtx[i][j] + (lam if i == j else 0.0) for j in range(n)] for i in range(n)]
-        b = [self.xty[i] + lam * prior[i] for i in range(n)]
+        if lam is None:
+            lam = [ridge * sum(self.xtx[i][i] for i in range(n)) / n] * n
+        lams = [v + 1e-9 for v in lam]
+        a = [[self.xtx[i][j] + (lams[i] if i == j else 0.0) for j in range(n)] for i in range(n)]
+        b = [self.xty[i] + lams[i] * prior[i] for i in range(n)]
         return a, b
 
     def residual_variance(self, coef: Sequence[float]) -> float | None:

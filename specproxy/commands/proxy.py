@@ -248,8 +248,8 @@ def register(app: typer.Typer) -> None:
             "64MB", "--record-buffer", help="Memory for records waiting for the disk; past it they are lost, counted."
         ),
         fail_closed: bool = typer.Option(False, "--fail-closed", help="Refuse traffic (503) when records fail."),
-        workers: int = typer.Option(
-            -1,
+        workers: int | None = typer.Option(
+            None,
             "--workers",
             help="Relay processes sharing the port, beside one bookkeeping process (default: one per core, at most "
             "8; 0: one process, bookkeeping on the relay's loop).",
@@ -365,7 +365,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 "--drain-timeout, --max-connections, --rotate-mb and --attribution-hold cannot be negative"
             )
-        if workers < -1 or workers > 256:
+        if workers is not None and not 0 <= workers <= 256:
             raise typer.BadParameter(f"--workers must be between 0 and 256, got {workers}")
         if rotate_keep < 0:
             raise typer.BadParameter(f"--rotate-keep cannot be negative, got {rotate_keep}")
@@ -430,7 +430,7 @@ def register(app: typer.Typer) -> None:
             client_body_timeout_s=client_body_timeout,
             slo=slo_spec,
             bookkeeping_buffer_bytes=bookkeeping_buffer_bytes,
-            workers=default_workers() if workers < 0 else workers,
+            workers=default_workers() if workers is None else workers,
             upstream_authorization=authorization,
             otlp=otlp,
             shadow=shadow_cfg,
