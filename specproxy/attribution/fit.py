@@ -202,6 +202,17 @@ class DraftModel:
         self._rows.append(_DraftRow(hidden, steps, members))
         self._stale = True
 
+    def evidence_grew(self) -> None:
+        """Requests' evidence moved on (an interval settled, with drafts or not): the next use fits anew."""
+        self._stale = True
+
+    def current(self) -> DraftWeights:
+        """:meth:`weights`, fitted anew first if intervals or evidence moved on since the last fit (one fit per
+        settled interval, however many requests and stability checks ask)."""
+        if self._stale:
+            self.refit()
+        return self.weights()
+
     def refit(self) -> None:
         """Fit anew from the kept intervals, each request's odds from its evidence as it stands now.
 
@@ -319,8 +330,7 @@ class DraftModel:
         """Whether each workload's figures are known to within :data:`MAX_SE` of the pooled figure (one standard
         error), from at least :data:`MIN_INTERVALS` intervals. Before that the figures swing with the few intervals
         seen."""
-        if self._stale:
-            self.refit()
+        self.current()
         if self._fitted is None:
             return False
         wls, a, sol, prior = self._fitted

@@ -205,6 +205,7 @@ class CounterLedger:
             r.overlapped = r.overlapped or overlapped
             r.reset = r.reset or reset
             r.intervals.append(interval)
+        self.drafting.evidence_grew()
         if not reset:
             if (obs := interval.acceptance_observation()) is not None:
                 self.model.add(*obs)
@@ -233,13 +234,9 @@ class CounterLedger:
                 self._version,
                 self.model.coefficients(),
                 partial,
-                self._draft_weights() if partial else None,
+                self.drafting.current() if partial else None,
             )
         return self._params
-
-    def _draft_weights(self) -> DraftWeights:
-        self.drafting.refit()
-        return self.drafting.weights()
 
     def pending_for(self, rid: str) -> bool:
         """Whether some chunk of ``rid`` still waits for a counter delta."""
