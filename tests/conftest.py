@@ -54,6 +54,7 @@ UNIT_MODULES = frozenset(
         "test_bookkeeper_catch_up",
         "test_bulk_histogram",
         "test_core_dialects",
+        "test_core_plain_chunk",
         "test_core_inference",
         "test_core_prom",
         "test_core_salvage",

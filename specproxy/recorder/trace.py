@@ -115,7 +115,6 @@ class Trace:
         if len(chunks) == before:
             return
         ledger = self._ledger
-        exact = tl.exact_counts
         if self._on_first_token is not None and self._token_chunks == 0:
             self.prefill_over()
         tokens = [n for _, n in chunks[before:] if n > 0]
@@ -125,7 +124,7 @@ class Trace:
         first_decode = self._token_chunks > 0
         self._token_chunks += len(tokens)
         if ledger is not None:
-            ledger.record_read(self.meta.request_id, tokens, t_ns, exact=exact, first_decode=first_decode)
+            ledger.record_read(self.meta.request_id, tokens, t_ns, exact=tl.exact_counts, first_decode=first_decode)
 
     def prefill_over(self) -> None:
         """The request's first token arrived (or it ended): tell whoever waits for that, once."""
