@@ -216,3 +216,37 @@ def test_workloads_that_truly_differ_keep_their_figures() -> None:
     model.refit()
     got = model.weights().first_accept
     assert got["code"] == pytest.approx(0.8, abs=0.025) and got["ja"] == pytest.approx(0.4, abs=0.025), got
+
+
+def test_a_workload_whose_drafts_are_all_rejected_keeps_its_hidden_drafts() -> None:
+    # code drafts on a share p of its steps and accepts first drafts at 0.6; "broken" drafts on half of its steps and
+    # has every draft rejected, so none of its steps brings several tokens. Its drafts hide in its one-token steps
+    # all the same: they are its own, not code's (whose first-draft acceptance would then read far too low)
+    rng = random.Random(11)
+    code = _requests(rng, 40, "code", 0.6)
+    broken = Evidence(steps=2000.0, multi=0.0)
+    workloads = {"code": Evidence(steps=1000.0, multi=1000.0 * 0.5 * 0.6), "broken": Evidence(steps=1000.0)}
+    model = DraftModel(workloads)
+    for _ in range(300):
+        members, hidden, steps = [], 0.0, 0.0
+        for w, p, ev in rng.sample(code, rng.randint(0, 3)):
+            unknown = float(rng.randint(1, 8))
+            hidden += unknown * p * (1 - 0.6) / (1 - p * 0.6)
+            members.append((w, unknown, ev))
+            steps += unknown
+        for _ in range(rng.randint(0, 2)):
+            unknown = float(rng.randint(1, 8))
+            hidden += 0.5 * unknown
+            members.append(("broken", unknown, broken))
+            steps += unknown
+        model.add(hidden, steps, members)
+    model.refit()
+    w = model.weights()
+    assert w.first_accept["code"] == pytest.approx(0.6, abs=0.03)
+    assert w.weight("broken", broken, 10.0) == pytest.approx(5.0, abs=0.3)  # half its one-token steps drafted
+    # and a workload that drafts nothing is read so too
+    model = DraftModel({"quiet": Evidence(steps=500.0)})
+    for _ in range(40):
+        model.add(0.0, 10.0, [("quiet", 10.0, Evidence(steps=50.0))])
+    model.refit()
+    assert model.weights().weight("quiet", Evidence(steps=50.0), 10.0) == pytest.approx(0.0, abs=0.05)

@@ -158,7 +158,9 @@ class DraftModel:
     steps that did not draft). So a request brings several tokens on ``f = p a`` of its steps, and of its one-token
     steps ``p (1 - a) / (1 - f)`` drafted: ``beta_w * f / (1 - f)`` with ``beta_w = (1 - a) / a``, linear in
     ``beta_w`` (:meth:`~specproxy.attribution.intervals.Evidence.hidden_rate`). A request whose token counts are
-    inexact shows no multi-token steps; its steps draft at its workload's rate ``rho_w``. ``hidden_drafts`` is an
+    inexact shows no multi-token steps, nor does any request of a workload whose drafts are all rejected (a draft
+    model that never agrees with the target on that traffic, a broken quantisation): their steps draft at their
+    workload's rate ``rho_w``. ``hidden_drafts`` is an
     interval's drafts less the steps known to have drafted; each interval is one observation, weighted by 1 / its
     decode steps. The last :data:`MAX_ROWS` intervals are kept and the fit is made from them with each request's
     evidence as it stands, not as it stood when the interval settled: a request's first steps say little about how
@@ -258,7 +260,7 @@ class DraftModel:
                 i = index.get(w)
                 if i is None:
                     continue
-                if not ev.exact:
+                if not ev.exact or self._multi.get(w) == 0.0:  # no multi-token step to go by (DraftWeights)
                     xs[2 * i + 1] += unknown
                 elif (odds := ev.multi_odds(self._multi.get(w))) is not None:
                     if caps is not None and odds >= caps[i]:

@@ -116,8 +116,9 @@ class Evidence:
 class DraftWeights:
     """What says how likely a one-token step is to have drafted, per workload: its first draft position's
     acceptance (for requests with exact counts, with their own evidence), its drafts per step (for requests whose
-    counts are inexact: no multi-token steps to go by), and its share of multi-token steps (what a request's own is
-    shrunk towards). A workload missing from a mapping: its one-token steps weigh 1 each."""
+    counts are inexact, and for a workload none of whose steps brought several tokens: no multi-token steps to go
+    by, whether it drafts nothing or has every draft rejected), and its share of multi-token steps (what a
+    request's own is shrunk towards). A workload missing from a mapping: its one-token steps weigh 1 each."""
 
     first_accept: Mapping[str, float] = field(default_factory=dict)
     inexact_rate: Mapping[str, float] = field(default_factory=dict)
@@ -125,7 +126,7 @@ class DraftWeights:
 
     def weight(self, workload: str, ev: Evidence, unknown: float) -> float:
         """A member's one-token steps in an interval, each weighted by how likely it is to have drafted."""
-        if not ev.exact:
+        if not ev.exact or self.workload_multi.get(workload) == 0.0:  # no multi-token step to go by
             rate = self.inexact_rate.get(workload)
             return unknown if rate is None else unknown * min(1.0, rate)
         q = ev.hidden_rate(self.workload_multi.get(workload), self.first_accept.get(workload))
