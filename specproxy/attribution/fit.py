@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from specproxy.attribution.intervals import DraftWeights, Evidence
+from specproxy.attribution.intervals import DraftWeights, Evidence, drafts_at_rate
 from specproxy.attribution.wls import WeightedLeastSquares, combination_variance, solve
 
 MAX_WORKLOADS = 16
@@ -160,11 +160,10 @@ class DraftModel:
     ``beta_w`` (:meth:`~specproxy.attribution.intervals.Evidence.hidden_rate`). A request whose token counts are
     inexact shows no multi-token steps, nor does any request of a workload whose drafts are all rejected (a draft
     model that never agrees with the target on that traffic, a broken quantisation): their steps draft at their
-    workload's rate ``rho_w``. ``hidden_drafts`` is an
-    interval's drafts less the steps known to have drafted; each interval is one observation, weighted by 1 / its
-    decode steps. The last :data:`MAX_ROWS` intervals are kept and the fit is made from them with each request's
-    evidence as it stands, not as it stood when the interval settled: a request's first steps say little about how
-    often it drafts.
+    workload's rate ``rho_w``. ``hidden_drafts`` is an interval's drafts less the steps known to have drafted; each
+    interval is one observation, weighted by 1 / its decode steps. The last :data:`MAX_ROWS` intervals are kept and
+    the fit is made from them with each request's evidence as it stands, not as it stood when the interval settled:
+    a request's first steps say little about how often it drafts.
 
     Each ``beta_w`` is pulled towards the pooled figure by a prior worth a fixed amount of evidence: the pooled
     figure within :data:`PRIOR_SPREAD` of each workload's, one standard deviation (``rho_w`` likewise). A scale-free
@@ -260,7 +259,7 @@ class DraftModel:
                 i = index.get(w)
                 if i is None:
                     continue
-                if not ev.exact or self._multi.get(w) == 0.0:  # no multi-token step to go by (DraftWeights)
+                if drafts_at_rate(ev, self._multi.get(w)):
                     xs[2 * i + 1] += unknown
                 elif (odds := ev.multi_odds(self._multi.get(w))) is not None:
                     if caps is not None and odds >= caps[i]:

@@ -112,6 +112,12 @@ class Evidence:
         return min(1.0, odds * (1.0 - first_accept) / first_accept)
 
 
+def drafts_at_rate(ev: Evidence, workload_multi: float | None) -> bool:
+    """Whether a request's one-token steps draft at its workload's rate rather than by its odds: no multi-token step
+    to go by (its counts are inexact, or none of its workload's steps brought several tokens)."""
+    return not ev.exact or workload_multi == 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class DraftWeights:
     """What says how likely a one-token step is to have drafted, per workload: its first draft position's
@@ -126,7 +132,7 @@ class DraftWeights:
 
     def weight(self, workload: str, ev: Evidence, unknown: float) -> float:
         """A member's one-token steps in an interval, each weighted by how likely it is to have drafted."""
-        if not ev.exact or self.workload_multi.get(workload) == 0.0:  # no multi-token step to go by
+        if drafts_at_rate(ev, self.workload_multi.get(workload)):
             rate = self.inexact_rate.get(workload)
             return unknown if rate is None else unknown * min(1.0, rate)
         q = ev.hidden_rate(self.workload_multi.get(workload), self.first_accept.get(workload))
