@@ -160,6 +160,45 @@ async def test_every_record_is_written_or_counted_lost(tmp_path: Path) -> None:
     assert on_disk == sorted(on_disk)  # what was kept is in the order it was put
 
 
+async def test_each_record_followed_hears_its_fate_once(tmp_path: Path) -> None:
+    """``follow``'s acknowledgement is called once per record: True for exactly the records in the file, False for
+    every other one (dropped as it was put past the bound, or still queued when the sink closed on a full disk); a
+    record ``follow`` gives none to is written all the same. Error listeners hear every failed append."""
+    path = tmp_path / "r.jsonl"
+    one = len(dumps(rec(0)))
+    sink = DiskFillsUp(path, limit=one * 2 + 10, max_pending_bytes=one * 4)
+    fates: dict[str, list[bool]] = {}
+    sink.follow = lambda r: (
+        None if r["request_id"] == "r0030" else (lambda ok, i=r["request_id"]: fates.setdefault(i, []).append(ok))
+    )
+    failures: list[int] = []
+    sink.add_error_listener(lambda: failures.append(sink.errors))
+    await sink.start()
+    for i in range(10):
+        sink.put(rec(i))
+        await asyncio.sleep(0)
+    await until(lambda: sink.errors >= 1, "the disk filled")
+    for i in range(10, 20):
+        sink.put(rec(i))  # past the bound: some are dropped as they are put
+    sink.limit = None
+    await until(lambda: sink.queued == 0, "the queue drained")
+    sink.put(rec(30))  # not followed
+    await until(lambda: sink.queued == 0, "written")
+    sink.limit = sink.written * one  # full again: the next records stay queued until the close drops them
+    for i in range(20, 24):
+        sink.put(rec(i))
+    await until(lambda: len(failures) >= 2, "the disk filled again")
+    await sink.close()
+    assert all(len(f) == 1 for f in fates.values())
+    on_disk = set(ids(path))
+    assert "r0030" in on_disk and "r0030" not in fates
+    assert {i for i, f in fates.items() if f == [True]} == on_disk - {"r0030"}
+    assert {i for i, f in fates.items() if f == [False]} == {f"r{i:04d}" for i in range(24)} - on_disk
+    assert {f"r{i:04d}" for i in range(20, 24)} <= {i for i, f in fates.items() if f == [False]}
+    assert sink.dropped > 4
+    assert failures == list(range(1, sink.errors + 1))
+
+
 async def test_restart_on_a_file_cut_short_ends_the_partial_line_first(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,7 +15,7 @@ waits for) are one object's state per relay, read in one place.
 from __future__ import annotations
 
 import asyncio
-import collections
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -186,61 +186,15 @@ class Bookkeeper:
         recorder.metrics.registry.register(_RelayCollector(self))
         recorder.scraper.catch_up = self.caught_up
         self._owners: dict[str, tuple[Connection, int]] = {}  # request id -> its relay and number there
-        self._acks: collections.deque[tuple[Connection, int] | None] = collections.deque()  # as the sink's queue
-        self._wrap_sink()
-        # the moment records start failing, the relays hear of it (--fail-closed); recovery is seen by the watch
-        sink = recorder.sink
-        on_error = sink._on_error
+        # each record's relay hears when it is written or dropped; the moment records start failing, the relays hear
+        # of it (--fail-closed); recovery is seen by the watch
+        recorder.sink.follow = self._follow
+        recorder.sink.add_error_listener(self._push_health)
 
-        def failed() -> None:
-            if on_error is not None:
-                on_error()
-            self._push_health()
-
-        sink._on_error = failed
-
-    def _wrap_sink(self) -> None:
-        """Follow each record through the sink, so that its relay hears when it is written or dropped: the sink
-        writes in the order records are put, and counts written and dropped records in that order."""
-        sink = self.recorder.sink
-        put, on_written, on_dropped = sink.put, sink._on_written, sink._on_dropped
-        acks = self._acks
-        putting = False
-
-        def tracked_put(rec: Any) -> None:
-            nonlocal putting
-            owner = self._owners.pop(str(rec.get("request_id")), None)
-            queued, dropped = sink.queued, sink.dropped
-            putting = True
-            try:
-                put(rec)
-            finally:
-                putting = False
-            if sink.queued > queued:
-                acks.append(owner)
-            elif owner is not None and sink.dropped > dropped:
-                owner[0].ack(owner[1], False)
-
-        def written(n: int) -> None:
-            if on_written is not None:
-                on_written(n)
-            for _ in range(min(n, len(acks))):
-                owner = acks.popleft()
-                if owner is not None:
-                    owner[0].ack(owner[1], True)
-
-        def dropped(n: int) -> None:
-            if on_dropped is not None:
-                on_dropped(n)
-            if putting:  # dropped as it was put: answered in tracked_put
-                return
-            for _ in range(min(n, len(acks))):  # the queue's remainder, at the close
-                owner = acks.popleft()
-                if owner is not None:
-                    owner[0].ack(owner[1], False)
-
-        sink.put = tracked_put  # type: ignore[method-assign]
-        sink._on_written, sink._on_dropped = written, dropped
+    def _follow(self, rec: Any) -> Callable[[bool], None] | None:
+        """A record put to the sink: the acknowledgement its relay is owed, if a relay sent its request."""
+        owner = self._owners.pop(str(rec.get("request_id")), None)
+        return None if owner is None else functools.partial(owner[0].ack, owner[1])
 
     def reopen(self) -> None:
         """SIGHUP: the record file is reopened. The sink opens it by name for every append, so the next records go

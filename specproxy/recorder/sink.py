@@ -17,6 +17,10 @@ What it promises (docs/records.md, "What is written, and when"):
 
 A sink that fails never breaks traffic: the failure is counted and logged once per kind, and ``healthy`` tells a
 ``--fail-closed`` proxy to refuse traffic instead.
+
+Who needs to hear more than the counts says so through two hooks: :attr:`RecordSink.follow` gives a record put an
+acknowledgement, called once with True when the record is written or False when it is dropped (the proxy tells each
+relay the fate of its own records this way), and :meth:`RecordSink.add_error_listener` hears every failed append.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from specproxy.core.record import Record, dumps
 
+Ack = Callable[[bool], None]
 log = logging.getLogger("specproxy.sink")
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
@@ -65,6 +70,9 @@ class RecordSink:
         self.keep = keep  # rotated files kept; 0 keeps every one
         self.max_pending_bytes = max_pending_bytes
         self._queue: deque[bytes] = deque()
+        self._acks: deque[Ack | None] = deque()  # each queued record's acknowledgement, in the queue's order
+        # given a record as it is put, what to call once with its fate (True: written; False: dropped), if anything
+        self.follow: Callable[[Record], Ack | None] | None = None
         self._pending_bytes = 0
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -82,8 +90,12 @@ class RecordSink:
         self._cut_to: int | None = None
         self._on_written = on_written
         self._on_dropped = on_dropped
-        self._on_error = on_error
+        self._on_error: list[Callable[[], None]] = [on_error] if on_error is not None else []
         self._on_deleted = on_deleted
+
+    def add_error_listener(self, listener: Callable[[], None]) -> None:
+        """``listener`` is called at every failed append, after the ones already listening."""
+        self._on_error.append(listener)
 
     @property
     def queued(self) -> int:
@@ -107,15 +119,16 @@ class RecordSink:
 
     def put(self, rec: Record) -> None:
         """Never blocks, never raises: called on the relay's side of the proxy."""
+        ack = self.follow(rec) if self.follow is not None else None
         if self._closed:  # nothing will write it any more: a record finished after the end still counts, as lost
             log.error("a record finished after the record sink closed and is lost")
-            self._drop(1)
+            self._drop(1, ack)
             return
         try:
             line = dumps(rec)
         except Exception:  # a record that cannot be serialised is a bug; it must not break the request
             log.exception("cannot serialise a record")
-            self._drop(1)
+            self._drop(1, ack)
             return
         # One record always fits in an empty queue, whatever its size: it is in memory already.
         if self._queue and self._pending_bytes + len(line) > self.max_pending_bytes:
@@ -128,16 +141,20 @@ class RecordSink:
                     self.path,
                     self.max_pending_bytes,
                 )
-            self._drop(1)
+            self._drop(1, ack)
             return
         self._queue.append(line)
+        self._acks.append(ack)
         self._pending_bytes += len(line)
         self._wake.set()
 
-    def _drop(self, n: int) -> None:
+    def _drop(self, n: int, ack: Ack | None = None) -> None:
+        """``n`` records are lost: one being put (its ``ack``), or the queue's remainder at the close."""
         self.dropped += n
         if self._on_dropped is not None:
             self._on_dropped(n)
+        if ack is not None:
+            ack(False)
 
     async def _run(self) -> None:
         # Bytes the next append may carry: halved after a failed append of several records, so that a disk with a
@@ -149,10 +166,8 @@ class RecordSink:
             self._wake.clear()
             while self._queue:
                 if self.path is None:
-                    n = len(self._queue)
-                    self._queue.clear()
+                    self._count(len(self._queue))
                     self._pending_bytes = 0
-                    self._count(n)
                     continue
                 n, size = self._next_append(budget)
                 data = b"".join(islice(self._queue, n))
@@ -175,8 +190,6 @@ class RecordSink:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), self.retry_s)  # retry later; records stay queued
                     continue
-                for _ in range(n):
-                    self._queue.popleft()
                 self._pending_bytes -= size
                 self._count(n)
                 full = budget >= self.append_bytes
@@ -203,15 +216,23 @@ class RecordSink:
         return n, size
 
     def _count(self, n: int) -> None:
+        """The ``n`` records at the queue's head are written: off the queue, counted, acknowledged."""
+        for _ in range(n):
+            self._queue.popleft()
         self.written += n
         if self._on_written is not None:
             self._on_written(n)
+        acks = self._acks
+        for _ in range(n):
+            ack = acks.popleft()
+            if ack is not None:
+                ack(True)
 
     def _failed(self, reason: str) -> None:
         self.errors += 1
         self.healthy = False
-        if self._on_error is not None:
-            self._on_error()
+        for listener in self._on_error:
+            listener()
         if reason != self._last_error:
             log.error("cannot write records to %s: %s (traffic continues; records are queued)", self.path, reason)
             self._last_error = reason
@@ -334,8 +355,12 @@ class RecordSink:
             await self._task
         if self._queue:
             n = len(self._queue)
-            self._drop(n)
-            log.error("%d records could not be written to %s and are lost", n, self.path)
             self._queue.clear()
             self._pending_bytes = 0
+            self._drop(n)
+            while self._acks:
+                ack = self._acks.popleft()
+                if ack is not None:
+                    ack(False)
+            log.error("%d records could not be written to %s and are lost", n, self.path)
         self._closed = True
