@@ -2,7 +2,7 @@
 upgrade which changes one fails here by name (pyproject bounds aiohttp below 4 for the same reason):
 
 - a prepared ``web.StreamResponse`` has its status line and headers on the transport already, so bytes written
-  straight to ``request.transport`` after ``prepare()`` (``_sink``) follow them;
+  straight to ``request.transport`` after ``prepare()`` (``client_sink``) follow them;
 - ``prepare()`` sets ``Transfer-Encoding: chunked`` when it frames the body so (``_relay`` frames the chunks itself),
   and ``write_eof()`` then writes only the last chunk;
 - ``request.writer.output_size`` is the count the response's ``body_length`` is taken from, and setting it to 0 after
@@ -68,7 +68,7 @@ async def test_prepare_says_chunked_when_it_frames_so_and_write_eof_ends_the_chu
         await resp.prepare(request)
         seen["te"] = resp.headers.get("Transfer-Encoding")
         assert request.transport is not None
-        request.transport.write(b"3\r\nabc\r\n")  # framed by us, as _sink does
+        request.transport.write(b"3\r\nabc\r\n")  # framed by us, as client_sink does
         await resp.write_eof()
         return resp
 

@@ -28,10 +28,9 @@ from multidict import CIMultiDict
 from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig
-from specproxy.proxy.http1 import CHUNKED
 from specproxy.proxy.link import EventLink, Relayed
-from specproxy.proxy.server import _sink, upstream_session
-from specproxy.proxy.upstream import Connection, Exchange, Pool, _reader
+from specproxy.proxy.server import client_sink, upstream_session
+from specproxy.proxy.upstream import Connection, Exchange, Pool
 from specproxy.recorder.recorder import RecorderConfig
 
 EVENT = (
@@ -52,6 +51,9 @@ class _Discard:
 
     def is_closing(self) -> bool:
         return False
+
+    def abort(self) -> None:
+        pass
 
     def get_write_buffer_size(self) -> int:
         return 0
@@ -78,12 +80,13 @@ async def relay_per_read(events: int, per_read: int) -> float:
     link = EventLink(soft_bytes=1 << 40, hard_bytes=1 << 41, capture_max_bytes=0, header_names=())
     link.attach_local(lambda b: None)
     conn = Connection(pool)
-    conn.transport = _Discard()
+    conn.connection_made(_Discard())  # type: ignore[arg-type]
     ex = Exchange(conn, "POST", False, None)
-    conn.exchange = ex
-    ex._head.set_result(None)  # type: ignore[arg-type]  # the head is not read here
-    conn._framing, conn._reader = CHUNKED, _reader(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", CHUNKED, 0)
-    ex._sink = _sink(_Discard(), True, link, Relayed(1, 0))
+    conn.send(ex, b"POST /v1/chat/completions HTTP/1.1\r\n\r\n", [], 600.0)  # as the relay sends a request
+    conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")  # the reply's head: a chunked body
+    to_client = client_sink(_Discard(), True, link, Relayed(1, 0))
+    relaying = asyncio.get_running_loop().create_task(ex.relay(to_client, _idle))
+    await asyncio.sleep(0)  # the relay takes the body from here, read by read, in data_received
     read = (b"%x\r\n%b\r\n" % (len(EVENT), EVENT)) * per_read
 
     def run(n: int) -> None:
@@ -98,7 +101,13 @@ async def relay_per_read(events: int, per_read: int) -> float:
         run(min(reads, 1000))  # warm-up: first calls, allocations
         return _cpu_us(run, reads) / per_read
     finally:
+        ex.abort()
+        relaying.cancel()
         await link.close()
+
+
+async def _idle() -> None:
+    """A client's buffer that is never full: nothing to drain."""
 
 
 async def bookkeeping_per_event(events: int, streams: int = 64) -> float:

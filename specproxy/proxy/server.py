@@ -1,7 +1,8 @@
 """The relay: every method and path forwarded, bodies byte-identical, streams relayed read by read.
 
 aiohttp serves the clients; requests go to the engine through the relay's own HTTP/1.1 client
-(:mod:`specproxy.proxy.upstream`), whose connection callback writes each read of a reply to the client (:func:`_sink`).
+(:mod:`specproxy.proxy.upstream`), whose connection callback writes each read of a reply to the client
+(:func:`client_sink`).
 Bodies are relayed undecoded, so Content-Encoding and Content-Length stay true to the bytes sent; no total timeout
 (long generations), connect and idle-read timeouts instead; no connection cap by default. The server runs with
 handler cancellation on, so a client that disconnects cancels its handler at once, which closes the upstream
@@ -303,7 +304,7 @@ async def _relay_body(
         return resp, "client_cancelled", "client disconnected"
     try:
         chunked = resp.headers.get("Transfer-Encoding") == "chunked"  # set by aiohttp's prepare, as it frames it
-        await ex.relay(_sink(transport, chunked, link, relayed), request.writer.drain)
+        await ex.relay(client_sink(transport, chunked, link, relayed), request.writer.drain)
     except ConnectionResetError:
         return resp, "client_cancelled", "client disconnected"
     if ex.outcome != "ok":  # the upstream broke mid-response or went quiet: the client must see the break
@@ -321,7 +322,7 @@ def _first(head: Head, name: str) -> str | None:
     return values[0] if values else None
 
 
-def _sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> Sink:
+def client_sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> Sink:
     """What the upstream connection does with each read of a reply's body, in its own callback: the bytes to the
     client first (framed as the client's response is), then the event to the bookkeeping; True when the client's
     buffer is full."""
