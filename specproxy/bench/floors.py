@@ -129,8 +129,7 @@ async def aiohttp_relay(upstream: str) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
     await site.start()
-    assert site._server is not None
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+    port = runner.addresses[0][1]
     print(f"aiohttp pass-through on http://127.0.0.1:{port}", file=sys.stderr, flush=True)
     await asyncio.Event().wait()
 
