@@ -7,7 +7,16 @@ from collections import deque
 import pytest
 
 from specproxy.attribution.counts import SpecCounts
-from specproxy.attribution.intervals import Activity, Chunk, DraftWeights, Evidence, Interval, cut, step_quota
+from specproxy.attribution.intervals import (
+    LATE_STEPS,
+    Activity,
+    Chunk,
+    DraftWeights,
+    Evidence,
+    Interval,
+    cut,
+    step_quota,
+)
 
 MS = 10**6
 
@@ -18,14 +27,19 @@ def test_quota_is_the_engine_step_count_plus_what_was_owed() -> None:
     assert step_quota(10, owed=2, available=12, in_flight=3) == (12, 0)
 
 
-def test_quota_owes_missing_chunks_still_in_transit_one_per_stream() -> None:
+def test_quota_owes_missing_chunks_still_in_transit() -> None:
     # the engine counted 11 steps, only 9 chunks are here, 3 streams in flight: 2 chunks may still be on their way
     assert step_quota(10, owed=1, available=9, in_flight=3) == (9, 2)
     assert step_quota(3, owed=0, available=2, in_flight=0) == (2, 1)  # at least one, even after the last ended
+    # a reader several steps behind each of its streams (a busy host): LATE_STEPS a stream may be owed
+    assert step_quota(10, owed=0, available=2, in_flight=3) == (2, 8)
+    assert step_quota(LATE_STEPS * 3, owed=0, available=0, in_flight=3) == (0, LATE_STEPS * 3)
 
 
 def test_quota_falls_back_to_time_when_our_streams_cannot_explain_the_steps() -> None:
-    assert step_quota(10, owed=0, available=2, in_flight=3) == (None, 0)  # another client uses the engine
+    # another client uses the engine: more missing than our streams in flight can be behind by
+    assert step_quota(LATE_STEPS * 3 + 3, owed=0, available=2, in_flight=3) == (None, 0)
+    assert step_quota(3, owed=0, available=1, in_flight=0) == (None, 0)  # every stream's end was read
     assert step_quota(None, owed=2, available=5, in_flight=1) == (None, 2)  # no step count: keep what is owed
 
 

@@ -66,6 +66,44 @@ def test_a_chunk_still_in_transit_is_owed_to_the_next_interval() -> None:
     assert got is not None and got.intervals == 2 and got.estimate.exact
 
 
+@pytest.mark.parametrize("behind_ms", [0, 20, 60, 120])
+def test_a_reader_steps_behind_its_streams_still_gives_every_delta_to_them(behind_ms: int) -> None:
+    """The engine steps four overlapping streams every 10 ms and is scraped every 25 ms; the reader (a busy host)
+    reads each step up to ``behind_ms`` late, so at a scrape several steps of every stream are still unread. Each
+    delta reaches the requests all the same: what was counted and not yet read is owed to the next cut, also when
+    nothing at all was read in an interval. (Counted as another client's steps instead, from 20 ms behind on part of the
+    drafts went to nobody.)"""
+    led = CounterLedger()
+    steps = []  # (emitted ms, request, tokens, accepted; None for the prefill)
+    for i in range(4):
+        steps.append((i * 30, f"r{i}", 1, None))
+        steps += [(i * 30 + 10 * (s + 1), f"r{i}", 1 + a, a) for s, a in enumerate([0, 3, 1, 0, 2, 0, 0, 1] * 5)]
+        led.begin(f"r{i}", "w")
+    steps.sort()
+    led.baseline(0)
+    counted = drafts = accepted = 0
+    read = 0
+    for now in range(1, steps[-1][0] + behind_ms + 200):
+        lag = behind_ms if (now // 50) % 2 else behind_ms // 2  # the lag comes and goes
+        while read < len(steps) and steps[read][0] <= now - lag:
+            _, rid, n, a = steps[read]
+            led.record_read(rid, [n], now * MS, exact=True, first_decode=a is not None)
+            read += 1
+            if read == len(steps) or all(s[1] != rid for s in steps[read:]):
+                led.end(rid)
+        if now % 25 == 0:
+            new = [s for s in steps if counted < s[0] <= now and s[3] is not None]
+            counted = now
+            drafts += len(new)
+            accepted += sum(s[3] for s in new)
+            led.settle(now * MS, _delta(len(new), accepted=sum(s[3] for s in new), drafts=len(new)), slack_ns=MS)
+    got = [led.pop(f"r{i}") for i in range(4)]
+    assert all(g is not None and not led.pending_for(f"r{i}") for i, g in enumerate(got))
+    assert sum(g.estimate.counts.drafts for g in got) == pytest.approx(drafts)  # type: ignore[union-attr]
+    assert sum(g.estimate.counts.accepted for g in got) == pytest.approx(accepted)  # type: ignore[union-attr]
+    assert led.unattributed.drafts == 0
+
+
 def test_steps_our_streams_cannot_explain_are_foreign() -> None:
     led = CounterLedger()
     led.begin("a", "ja")

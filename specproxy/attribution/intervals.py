@@ -165,15 +165,21 @@ def cut(chunks: deque[Chunk], *, boundary_ns: int, quota: int | None) -> dict[st
     return merged
 
 
+LATE_STEPS = 16  # steps a reader may be behind on each stream in flight before missing steps read as foreign
+
+
 def step_quota(engine_steps: float | None, owed: int, available: int, in_flight: int) -> tuple[int | None, int]:
     """How many of our decode chunks an interval takes, and how many it leaves owed to the next one.
 
     ``engine_steps`` is the engine's count of decode steps in the interval (the inter-token-latency histogram's
     count grows by one per request per step), ``owed`` the steps a previous interval counted whose chunks had not
-    arrived, ``available`` our decode chunks that arrived by the scrape (with slack). The chunk of the last counted
-    step of a streaming request can still be on its way (one per request in flight at most): take what is here and
-    owe the rest. More missing than that means steps our streams cannot explain (another client, a non-streamed
-    request): None, cut by time.
+    arrived, ``available`` our decode chunks that arrived by the scrape (with slack). Chunks of counted steps can
+    still be on their way: take what is here and owe the rest, up to :data:`LATE_STEPS` per stream in flight (at
+    least one, for the last step of a request whose end raced the scrape). A reader on a busy host falls several
+    steps behind every stream; owed, its late chunks meet the next interval's cut, where counted as foreign they had
+    taken a share of the delta to nobody (a load generator beside two busy processes shared 5 % fewer drafts than
+    the engine counted). More missing than that means steps our streams cannot explain (another client, a
+    non-streamed request): None, cut by time. A stream whose end was read has no chunk on its way.
     """
     if engine_steps is None:
         return None, owed
@@ -181,7 +187,7 @@ def step_quota(engine_steps: float | None, owed: int, available: int, in_flight:
     short = quota - available
     if short <= 0:
         return quota, 0
-    if short <= max(1, in_flight):
+    if short <= max(1, LATE_STEPS * in_flight):
         return quota - short, short
     return None, 0
 

@@ -93,6 +93,7 @@ class CounterLedger:
         self.total = SpecCounts()
         self.settled_steps = 0.0  # decode steps seen in intervals that got a delta
         self._owed = 0  # decode steps counted by the engine whose chunks arrived after their interval was cut
+        self._carried = SpecCounts()  # deltas of intervals whose every step was owed: the next cut's to share
         self.aligned = 0  # intervals cut by the engine's step count
         self.time_cut = 0  # intervals cut by time
         self._multi: dict[str, Evidence] = {}  # workload -> its steps and multi-token steps, exact counts only
@@ -185,9 +186,14 @@ class CounterLedger:
         if quota is None and engine_steps is not None:
             foreign = max(0.0, engine_steps - sum(a.steps for a in members.values()))
         workloads = {rid: self._req[rid].workload for rid in members if rid in self._req}
+        steps = sum(a.steps for a in members.values())
+        if steps <= 0 and self._owed > 0:
+            # every step it counted is owed (a reader behind all its streams): its delta goes with them
+            self._carried = self._carried + counts
+            return
+        counts, self._carried = counts + self._carried, SpecCounts()
         interval = Interval(counts, members, workloads, foreign)
         self._version += 1
-        steps = interval.steps
         self.settled_steps += steps
         if steps <= 0:
             self.unattributed = self.unattributed + counts
