@@ -152,10 +152,15 @@ def test_bench_side_by_side_at_a_tiny_scale() -> None:
         if row["relay"] != "direct":
             assert row["added_p50_ms"] > -0.5  # a relay cannot make events arrive sooner (beyond noise)
             assert row["cpu_ms_per_1000"] >= 0 and row["rss_peak_mb"] > 1
-    assert names[-2:] == ["floor: aiohttp pass-through", "floor: uvloop TCP splice"]
+    # beside specproxy --workers 1 and 2, the splice in one process and in two (the scaling of the least a relay does)
+    assert names[-3:] == ["floor: aiohttp pass-through", "floor: uvloop TCP splice", "floor: uvloop TCP splice x2"]
     sat = r["saturation"]
     assert [s["relay"] for s in sat] == names
     assert all(s["events"] == s["expected"] == 400 for s in sat)
+    assert [s["splices"] for s in sat[-3:]] == [None, 1, 2] and all(s["splices"] is None for s in sat[:-3])
+    one, two = sat[-2:]
+    assert one["vs_one_splice"] == 1.0 and two["vs_one_splice"] == two["chunks_per_s"] / one["chunks_per_s"]
+    assert all(s["vs_one_splice"] is None for s in sat[:-2])
     for s in sat:  # the CPU split by role: specproxy's relay and bookkeeping processes, none for the others
         split = s["relay_only_cpu_ms_per_1000"], s["bookkeeping_cpu_ms_per_1000"]
         if s["relay"].startswith("specproxy --workers"):

@@ -18,7 +18,17 @@ import aiohttp
 import pytest
 
 from specproxy.bench.config import BenchConfig
-from specproxy.bench.procs import CpuListError, available_cpus, format_cpus, on_cpus, parse_cpus, python_child
+from specproxy.bench.floors import SPLICE_PREFIX
+from specproxy.bench.procs import (
+    CpuListError,
+    available_cpus,
+    format_cpus,
+    on_cpus,
+    parse_cpus,
+    python_child,
+    tree,
+)
+from specproxy.bench.roles import connection_owners, cpu_series
 from specproxy.bench.run import worker_rows
 from specproxy.bench.upstream import Counters, SharedCounters
 from specproxy.bench.verdicts import bookkeeper_ceiling, targets
@@ -104,6 +114,51 @@ async def test_two_upstream_processes_serve_one_port_and_one_engine(tmp_path: Pa
                 await asyncio.sleep(0.02)
     assert spec.drafts == spec.decode_steps == 12 * 3  # every stream's 3 decode steps, whichever process sent them
     assert spec.draft_tokens == 12 * 3 * 3
+
+
+async def test_the_splice_floor_in_two_processes_serves_one_port_and_ends_with_its_launcher() -> None:
+    """``floors splice --processes 2``: two named splice processes on one port, the kernel spreading connections over
+    both (as over ``--workers 2``'s relays), every stream relayed whole; the bench samples each as a relay process."""
+    async with python_child("-m", "specproxy.bench.upstream", "--steps-per-s", "0", url_on="stdout") as up:
+        floor = python_child("-m", "specproxy.bench.floors", "splice", "--upstream", up.url, "--processes", "2")
+        async with floor as splice:
+            procs = [p for p in tree(splice.pid) if p != splice.pid]
+            assert len(procs) == 2
+            assert sorted(cpu_series(splice.pid, ())) == sorted(["relay", *(f"relay {p}" for p in procs)])
+            port = int(splice.url.rsplit(":", 1)[1])
+            body = json.dumps({"model": "bench", "messages": [], "max_tokens": 4, "stream": True}).encode()
+            head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(16)]
+            try:
+                for reader, writer in conns:  # a stream each, relayed whole, the connection kept open
+                    writer.write(head.encode() + body)
+                    got = await asyncio.wait_for(reader.readuntil(b"data: [DONE]\n\n"), 30)
+                    assert got.startswith(b"HTTP/1.1 200")
+                owners = {k: v for k, v in connection_owners(tuple(procs), port).items() if k}  # not the listeners
+            finally:
+                for _, writer in conns:
+                    writer.close()
+        assert len(owners) == 16 and set(owners.values()) == set(procs)  # both took connections (2 ** -15 to fail)
+        for _ in range(200):  # the launcher stopped them on its way out
+            if not _alive(procs):
+                break
+            await asyncio.sleep(0.05)
+        assert not _alive(procs)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+def test_the_splice_processes_say_what_they_are() -> None:
+    assert SPLICE_PREFIX.startswith("sp-") and len(SPLICE_PREFIX) + 2 <= 15  # a Linux comm: 15 bytes
+    bad = subprocess.run(
+        [sys.executable, "-m", "specproxy.bench.floors", "aiohttp", "--upstream", "x", "--processes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "more than 1 only for splice" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def _sat(

@@ -27,6 +27,7 @@ class BenchConfig:
     use_nginx: bool = True
     hostile_streams: int = 64
     floors: bool = False  # also the two reference relays of bench/floors.py (uvloop TCP splice, aiohttp pass-through)
+    # and the splice in as many processes as each --workers row beyond 1 (how far the least a relay can do scales)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class Relay:
     url: str
     pid: int | None  # None: direct, no relay process
     workers: int | None = None  # specproxy's --workers N; None: not specproxy with --workers
+    splices: int | None = None  # the uvloop TCP splice floor in this many processes on one port; None: not it
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,10 @@
 
 - ``splice``: a uvloop TCP splice. Each accepted connection gets its own upstream connection and bytes are copied
   both ways as they arrive, with flow control (a side whose peer's buffer is full stops reading). No HTTP parsing at
-  all: the least any Python relay on uvloop can do per chunk (one read callback, one write call).
+  all: the least any Python relay on uvloop can do per chunk (one read callback, one write call). With
+  ``--processes N``, N splice processes on one port (SO_REUSEPORT, as ``specproxy proxy --workers N`` puts its
+  relays), named ``sp-splice-I``: how far the least a relay can do scales over cores on the same machine and load,
+  the reference for ``--workers N``'s ratios.
 - ``aiohttp``: an HTTP pass-through in aiohttp, the way specproxy relays (client session, ``iter_any()``, a
   ``StreamResponse`` written read by read) with nothing recorded: what aiohttp itself costs per chunk.
 
@@ -18,11 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import signal
+import socket
 import sys
 from typing import Any
 from urllib.parse import urlsplit
 
 HIGH_WATER = 256 * 1024
+SPLICE_PREFIX = "sp-splice-"  # + the process's number: a splice process of ``--processes N``
 
 
 class _Side(asyncio.Protocol):
@@ -64,7 +71,10 @@ class _Side(asyncio.Protocol):
             self.peer.transport.close()
 
 
-async def splice(upstream: str) -> None:
+async def splice(upstream: str, listen_port: int = 0, pipes: tuple[int, int] | None = None) -> None:
+    """Relay to ``upstream`` on ``listen_port`` (0: any free one). With ``pipes`` (two pipes' ends: ready, life): one
+    of several processes on a port shared with SO_REUSEPORT, which says on ``ready`` that it listens and ends when
+    ``life`` reads end of file (the launcher, which holds its other end, is gone)."""
     u = urlsplit(upstream)
     host, port = u.hostname or "127.0.0.1", u.port or 80
     loop = asyncio.get_running_loop()
@@ -93,9 +103,64 @@ async def splice(upstream: str) -> None:
             else:
                 self.transport.resume_reading()
 
-    server = await loop.create_server(Front, "127.0.0.1", 0, backlog=1024)
-    print(f"splice on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", file=sys.stderr, flush=True)
-    await server.serve_forever()
+    server = await loop.create_server(Front, "127.0.0.1", listen_port, backlog=1024, reuse_port=pipes is not None)
+    if pipes is None:
+        print(f"splice on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", file=sys.stderr, flush=True)
+        await server.serve_forever()
+        return
+    ready, life = pipes
+    os.write(ready, b"1")
+    os.close(ready)
+    gone = asyncio.Event()
+    loop.add_reader(life, gone.set)  # readable only at end of file: the launcher never writes
+    await gone.wait()
+
+
+def splice_processes(upstream: str, n: int) -> None:
+    """``n`` splice processes on one port: this one holds the port (bound, never listening, so SO_REUSEPORT gives it
+    no connection) until each has said it listens, then prints the URL and waits; a SIGTERM ends them all."""
+    import uvloop
+
+    from specproxy.proxy.children import name_process
+
+    hold = socket.socket()
+    hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    hold.bind(("127.0.0.1", 0))
+    port = hold.getsockname()[1]
+    life_r, life_w = os.pipe()  # the launcher holds the writing end until it ends, however it ends
+    pids = []
+    for i in range(n):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.close(life_w)
+            hold.close()
+            name_process(f"{SPLICE_PREFIX}{i}")
+            with contextlib.suppress(KeyboardInterrupt):
+                uvloop.run(splice(upstream, port, (w, life_r)))
+            os._exit(0)
+        os.close(w)
+        pids.append(pid)
+        if os.read(r, 1) != b"1":
+            raise SystemExit(f"splice process {i} did not start")
+        os.close(r)
+    hold.close()
+    os.close(life_r)
+
+    def stop(*_: object) -> None:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    print(f"splice x{n} on http://127.0.0.1:{port}", file=sys.stderr, flush=True)
+    os.waitpid(-1, 0)  # one of them ended by itself: end the rest
+    stop()
 
 
 async def aiohttp_relay(upstream: str) -> None:
@@ -138,7 +203,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m specproxy.bench.floors", description=__doc__.split("\n", 1)[0])
     p.add_argument("kind", choices=("splice", "aiohttp"))
     p.add_argument("--upstream", required=True)
+    p.add_argument("--processes", type=int, default=1, help="splice only: this many processes on one port")
     a = p.parse_args(argv)
+    if a.processes < 1 or (a.processes > 1 and a.kind != "splice"):
+        p.error("--processes: at least 1, and more than 1 only for splice")
+    if a.processes > 1:
+        with contextlib.suppress(KeyboardInterrupt):
+            splice_processes(a.upstream, a.processes)
+        return
     import uvloop
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -56,6 +56,12 @@ def _role(cores: float | None, ms: float | None) -> str:
     return "-" if cores is None and ms is None else f"{_f(cores)} / {_f(ms, '{:.1f}')}"
 
 
+def _vs_one(r: dict[str, Any], over: str = "") -> float | None:
+    """A scaling row against its one-process self: specproxy's ``--workers 1``, or the splice in one process."""
+    v = r.get("vs_workers_1" + over)
+    return v if v is not None else r.get("vs_one_splice" + over)
+
+
 def _window(sat: list[dict[str, Any]]) -> list[str]:
     """Saturation over the window in which every relay process has streams (chunks/s above, and the targets) beside the
     whole phase, with the cores each relay process used in the window."""
@@ -71,9 +77,9 @@ def _window(sat: list[dict[str, Any]]) -> list[str]:
                 r["relay"],
                 _f(w.get("s"), "{:.2f}"),
                 _f(r["chunks_per_s"] if w else None, "{:,.0f}"),
-                _f(r.get("vs_workers_1") if w else None, "{:.2f}x"),
+                _f(_vs_one(r) if w else None, "{:.2f}x"),
                 _f(r.get("chunks_per_s_phase"), "{:,.0f}"),
-                _f(r.get("vs_workers_1_phase"), "{:.2f}x"),
+                _f(_vs_one(r, "_phase"), "{:.2f}x"),
                 _f(got.get("relay")) + (" (" + " ".join(_f(v) for v in each) + ")" if len(each) > 1 else ""),
                 _f(got.get("upstream")),
             ]
@@ -82,8 +88,8 @@ def _window(sat: list[dict[str, Any]]) -> list[str]:
         "",
         "saturation over the window in which every relay process has streams (from the last stream's first event to"
         " the moment the first relay process has relayed all its streams; the targets' figure) and over the whole"
-        " phase (first start to last event: its tail is the busiest relay's last streams); cores in use over the"
-        " window",
+        " phase (first start to last event: its tail is the busiest relay's last streams); vs 1: against the same"
+        " relay in one process (specproxy --workers 1, the splice in one); cores in use over the window",
         *_table(
             ["", "window s", "chunks/s", "vs 1", "phase chunks/s", "vs 1", "relays' cores (each)", "upstream"], rows
         ),
@@ -211,7 +217,7 @@ def render_levels(result: dict[str, Any]) -> str:
                         [
                             r["relay"],
                             _f(r["chunks_per_s"], "{:,.0f}"),
-                            _f(r.get("vs_workers_1"), "{:.2f}x"),
+                            _f(_vs_one(r), "{:.2f}x"),
                             _role(r.get("upstream_cores"), r.get("upstream_cpu_ms_per_1000")),
                             _role(r.get("client_cores"), r.get("client_cpu_ms_per_1000")),
                             _role(*_relays_own(r)),

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from specproxy.bench.config import BenchConfig, Relay
+from specproxy.bench.floors import SPLICE_PREFIX
 from specproxy.bench.procs import format_cpus, pin_process, tree
 from specproxy.bench.wire import now_ns
 from specproxy.proxy.link import STATS_INTERVAL_S
@@ -105,11 +106,12 @@ async def pin_roles(relay: Relay, cfg: BenchConfig, notes: list[str]) -> None:
 
 def cpu_series(root: int | None, upstream_pids: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
     """What to sample for saturation's window (bench/window.py): each of specproxy's relay processes (``relay
-    PID``), all of them (``relay``; a relay that does not name its processes: its whole tree), the upstream's."""
+    PID``; the splice floor's processes likewise), all of them (``relay``; a relay that does not name its processes:
+    its whole tree), the upstream's."""
     out: dict[str, tuple[int, ...]] = {}
     if root is not None:
         pids = tree(root)
-        each = [p for p in pids if (_comm(p) or "").startswith(RELAY_PREFIX)]
+        each = [p for p in pids if (_comm(p) or "").startswith((RELAY_PREFIX, SPLICE_PREFIX))]
         for p in each:
             out[f"relay {p}"] = (p,)
         out["relay"] = tuple(each) or tuple(pids)

@@ -267,14 +267,23 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
             starts.append(stack.enter_async_context(nginx(binary, upstream.url, cpus=pin)))
             names.append("nginx (1 worker)")
             workers.append(None)
+        splices: list[int | None] = [None] * len(names)
         if cfg.floors:
-            for kind, name in (("aiohttp", "floor: aiohttp pass-through"), ("splice", "floor: uvloop TCP splice")):
-                floor = python_child("-m", "specproxy.bench.floors", kind, "--upstream", upstream.url, cpus=pin)
+            floors = [("aiohttp", "floor: aiohttp pass-through", 1), ("splice", "floor: uvloop TCP splice", 1)]
+            if len(variants) > 1:  # scaling: the splice in as many processes as each specproxy row beyond one
+                floors += [("splice", f"floor: uvloop TCP splice x{n}", n) for _, _, n in variants if n and n > 1]
+            for kind, name, n in floors:
+                floor = python_child(
+                    "-m", "specproxy.bench.floors", kind, "--upstream", upstream.url, "--processes", str(n), cpus=pin
+                )
                 starts.append(stack.enter_async_context(floor))
                 names.append(name)
                 workers.append(None)
+                splices.append(n if kind == "splice" else None)
         children = await asyncio.gather(*starts)  # all at once: startup is most of a short run's time
-        rows += [Relay(name, c.url, c.pid, n) for name, c, n in zip(names, children, workers, strict=True)]
+        rows += [
+            Relay(name, c.url, c.pid, n, s) for name, c, n, s in zip(names, children, workers, splices, strict=True)
+        ]
         if cfg.cpus_bookkeeper or (cfg.relay_each and cfg.cpus_relays):
             for r in rows:
                 if r.workers is not None:
@@ -366,6 +375,7 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
             for r in rows:
                 row = await measure(r, cfg.saturation_streams, cfg.saturation_tokens, 0.0, cfg.clients, load)
                 row["workers"] = r.workers
+                row["splices"] = r.splices
                 saturation.append(row)
     if short := compare_saturation(saturation):
         notes.append(short)

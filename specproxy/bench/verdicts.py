@@ -78,7 +78,9 @@ def bookkeeper_ceiling(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
 def compare_saturation(saturation: list[dict[str, Any]]) -> str | None:
     """Each saturation row against nginx's CPU per event (``cpu_vs_nginx``, ``relay_only_vs_nginx``) and against
     ``--workers 1``'s chunks/s (``vs_workers_1``: over the window in which every relay process has streams, where
-    each row has one; ``vs_workers_1_phase``: over the whole phase). Returns a note when a row has no window."""
+    each row has one; ``vs_workers_1_phase``: over the whole phase); each splice floor's against the splice in one
+    process (``vs_one_splice``, ``vs_one_splice_phase``): the scaling of the least a relay can do, on the same
+    machine and load. Returns a note when a row has no window."""
     for row in saturation[1:]:
         row["cpu_vs_nginx"] = row["relay_only_vs_nginx"] = None
     ng = next((r for r in saturation if r["relay"].startswith("nginx")), None)
@@ -93,6 +95,11 @@ def compare_saturation(saturation: list[dict[str, Any]]) -> str | None:
         for key, field in (("vs_workers_1", "chunks_per_s"), ("vs_workers_1_phase", "chunks_per_s_phase")):
             a, b = row.get(field), one.get(field) if one else None
             row[key] = a / b if a is not None and b and row.get("workers") is not None else None
+    one_splice = next((r for r in saturation if r.get("splices") == 1), None)
+    for row in saturation:
+        for key, field in (("vs_one_splice", "chunks_per_s"), ("vs_one_splice_phase", "chunks_per_s_phase")):
+            a, b = row.get(field), one_splice.get(field) if one_splice else None
+            row[key] = a / b if a is not None and b and row.get("splices") is not None else None
     short = [r["relay"] for r in saturation if r.get("window") is None]
     if not short:
         return None
