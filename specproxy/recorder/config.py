@@ -41,6 +41,9 @@ class RecorderConfig:
     scrape_interval_s: float = 0.25
     scrape_timeout_s: float = 2.0
     scrape_min_gap_s: float = 0.1  # the floor between two scrapes, however many requests end
+    # the engine gone idle at a request's end: its closing scrape waits this long for the next request of a closed
+    # loop, so as to go out after that request's first token rather than meet its arrival (recorder/scraper.py)
+    scrape_arrival_wait_s: float = 0.05
     finalize_wait_s: float = 5.0  # how long a finished request waits for its closing scrape
     scrape_failures_wait: int = 3  # ... past fewer failed scrapes in a row than this (one can time out on a busy host)
     # Without exact token counts, overlapping requests share counter deltas through a per-workload acceptance

@@ -93,6 +93,7 @@ class Recorder:
             interval_s=config.scrape_interval_s,
             timeout_s=config.scrape_timeout_s,
             min_gap_s=config.scrape_min_gap_s,
+            arrival_wait_s=config.scrape_arrival_wait_s,
             on_error=self.metrics.scrape_errors.inc,
             on_settle=self._check_calibration,
         )
