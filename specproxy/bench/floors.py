@@ -32,6 +32,13 @@ HIGH_WATER = 256 * 1024
 SPLICE_PREFIX = "sp-splice-"  # + the process's number: a splice process of ``--processes N``
 
 
+def floor_rows(workers: list[int | None]) -> list[tuple[str, str, int]]:
+    """The reference relays beside specproxy's rows of ``--workers`` ``workers`` (kind, row name, processes): the
+    aiohttp pass-through and the splice, and the splice in as many processes as each row beyond one."""
+    rows = [("aiohttp", "floor: aiohttp pass-through", 1), ("splice", "floor: uvloop TCP splice", 1)]
+    return rows + [("splice", f"floor: uvloop TCP splice x{n}", n) for n in workers if n and n > 1]
+
+
 class _Side(asyncio.Protocol):
     """One end of a splice: what it reads goes to ``peer``; it stops reading while ``peer`` cannot take more."""
 

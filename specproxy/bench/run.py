@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specproxy.bench.config import BenchConfig, Load, Relay
+from specproxy.bench.floors import floor_rows
 from specproxy.bench.procs import (
     Child,
     client_result,
@@ -246,16 +247,8 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
         starts = [
             stack.enter_async_context(
                 python_child(
-                    "-m",
-                    "specproxy",
-                    "proxy",
-                    "--upstream",
-                    upstream.url,
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--record",
-                    str(tmp / f"records-{i}.jsonl"),
-                    *extra,
+                    *("-m", "specproxy", "proxy", "--upstream", upstream.url, "--listen", "127.0.0.1:0"),
+                    *("--record", str(tmp / f"records-{i}.jsonl"), *extra),
                     cpus=pin,
                 )
             )
@@ -268,22 +261,14 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
             names.append("nginx (1 worker)")
             workers.append(None)
         splices: list[int | None] = [None] * len(names)
-        if cfg.floors:
-            floors = [("aiohttp", "floor: aiohttp pass-through", 1), ("splice", "floor: uvloop TCP splice", 1)]
-            if len(variants) > 1:  # scaling: the splice in as many processes as each specproxy row beyond one
-                floors += [("splice", f"floor: uvloop TCP splice x{n}", n) for _, _, n in variants if n and n > 1]
-            for kind, name, n in floors:
-                floor = python_child(
-                    "-m", "specproxy.bench.floors", kind, "--upstream", upstream.url, "--processes", str(n), cpus=pin
-                )
-                starts.append(stack.enter_async_context(floor))
-                names.append(name)
-                workers.append(None)
-                splices.append(n if kind == "splice" else None)
+        for kind, name, n in floor_rows([n for _, _, n in variants]) if cfg.floors else ():
+            args = ("-m", "specproxy.bench.floors", kind, "--upstream", upstream.url, "--processes", str(n))
+            starts.append(stack.enter_async_context(python_child(*args, cpus=pin)))
+            names.append(name)
+            workers.append(None)
+            splices.append(n if kind == "splice" else None)
         children = await asyncio.gather(*starts)  # all at once: startup is most of a short run's time
-        rows += [
-            Relay(name, c.url, c.pid, n, s) for name, c, n, s in zip(names, children, workers, splices, strict=True)
-        ]
+        rows += [Relay(m, c.url, c.pid, n, k) for m, c, n, k in zip(names, children, workers, splices, strict=True)]
         if cfg.cpus_bookkeeper or (cfg.relay_each and cfg.cpus_relays):
             for r in rows:
                 if r.workers is not None:
