@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from specproxy.bench.verdicts import compare_saturation, targets
+from specproxy.bench.verdicts import compare_saturation, splice_notes, targets
 from specproxy.bench.window import BIN_NS, events_in, saturation_window, window
 
 MS = BIN_NS
@@ -78,6 +78,21 @@ def test_ratios_over_the_window_and_over_the_phase_and_the_targets_take_the_wind
     assert [r["vs_workers_1_phase"] for r in sat] == [None, 1.0, 1.6, 2.8]
     got = {t["target"]: t["value"] for t in targets([], sat)}
     assert got["specproxy --workers 4 / --workers 1: chunks/s at saturation"] == pytest.approx(11 / 3)
+
+
+def test_a_splice_floor_the_load_held_back_is_named_in_a_note() -> None:
+    """The splice in 1, 2 and 4 processes: a row whose processes idled (a quarter of a core in all, as on the 16-core
+    machine, where the client took each upstream write as it came) is no floor for scaling, and says so."""
+    sat = [
+        {"relay": "floor: uvloop TCP splice", "splices": 1, "relay_cores": 0.97},
+        {"relay": "floor: uvloop TCP splice x2", "splices": 2, "relay_cores": 1.9},
+        {"relay": "floor: uvloop TCP splice x4", "splices": 4, "relay_cores": 0.26},
+        {"relay": "specproxy --workers 4", "workers": 4, "relay_cores": 0.26},  # not a splice: judged elsewhere
+        {"relay": "floor: uvloop TCP splice x8", "splices": 8, "relay_cores": None},  # no figure: nothing said
+    ]
+    (note,) = splice_notes(sat)
+    assert note.startswith("floor: uvloop TCP splice x4: its 4 processes used 0.26 cores") and "--floors" in note
+    assert splice_notes(sat[:2]) == []
 
 
 def test_a_row_without_a_window_is_named_in_a_note() -> None:

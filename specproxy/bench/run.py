@@ -49,7 +49,7 @@ from specproxy.bench.roles import (
     sharing,
     shed_delta,
 )
-from specproxy.bench.verdicts import bookkeeper_ceiling, compare_saturation, targets
+from specproxy.bench.verdicts import bookkeeper_ceiling, compare_saturation, splice_notes, targets
 from specproxy.bench.window import saturation_window
 from specproxy.bench.wire import now_ns
 from specproxy.core.stats import percentile
@@ -364,6 +364,7 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
                 saturation.append(row)
     if short := compare_saturation(saturation):
         notes.append(short)
+    notes += splice_notes(saturation)
     direct_sat = saturation[0]
     cap = direct_sat["client_chunks_per_s_per_process"]
     return {

@@ -111,6 +111,25 @@ def compare_saturation(saturation: list[dict[str, Any]]) -> str | None:
     )
 
 
+IDLE_SPLICE_CORES = 0.5  # a splice process using less than this at saturation is held by the load, not its core
+
+
+def splice_notes(saturation: list[dict[str, Any]]) -> list[str]:
+    """A note for each splice floor at saturation whose processes used under :data:`IDLE_SPLICE_CORES` a core each:
+    the load (most often the client, taking each upstream write as it came) set its rate, so its ratio against the
+    splice in one process says nothing of how a relay scales."""
+    out = []
+    for r in saturation:
+        n, cores = r.get("splices"), r.get("relay_cores")
+        if n and cores is not None and cores < IDLE_SPLICE_CORES * n:
+            out.append(
+                f"{r['relay']}: its {n} process{'es' if n > 1 else ''} used {cores:.2f} cores at saturation, so the"
+                " load, not the splice, set its chunks/s; its ratio is no floor for --workers scaling here"
+                " (docs/bench.md, --floors)"
+            )
+    return out
+
+
 SCALING_TARGETS = {2: 1.8, 4: 3.5}  # --workers N: at least this many times --workers 1's chunks/s at saturation
 
 
