@@ -5,18 +5,31 @@ quiet. Real sockets, an aiohttp engine that notes when each /metrics arrives."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specproxy.recorder.scraper import PER_REQUEST_RUN
+from specproxy.recorder.scraper import PER_REQUEST_RUN, Scraper
 from tests.proxyutil import running_proxy
 from tests.simutil import running_sim
 
 METRICS = (Path(__file__).parent / "data" / "metrics-ngram-before-code.txt").read_text()
+
+
+async def baseline(px: Any) -> Scraper:
+    """The proxy's scraper, once its baseline scrape is in."""
+    scraper: Scraper = px.recorder.scraper
+    for _ in range(500):
+        if scraper.state.ok:
+            break
+        await asyncio.sleep(0.01)
+    return scraper
 
 
 class Engine:
@@ -55,44 +68,48 @@ class Engine:
         self.events.append("metrics")
         return web.Response(text=METRICS, content_type="text/plain")
 
+    @contextlib.asynccontextmanager
+    async def serve(self) -> AsyncIterator[str]:
+        """This engine on a port of its own; yields its URL."""
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/metrics", self.metrics)
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        try:
+            yield str(server.make_url("")).rstrip("/")
+        finally:
+            await server.close()
+
 
 async def test_no_scrape_lands_while_a_request_waits_for_its_first_token(tmp_path: Path) -> None:
     """Two requests in flight: the periodic scrape is due, but one of them is in prefill, so it waits."""
     engine = Engine()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", engine.chat)
-    app.router.add_get("/metrics", engine.metrics)
-    server = TestServer(app, host="127.0.0.1", port=0)
-    await server.start_server()
-    url = str(server.make_url("")).rstrip("/")
     body = {"model": "m", "messages": [], "stream": True}
-    try:
-        async with running_proxy(url, tmp_path, rec_scrape_interval_s=0.05) as px, aiohttp.ClientSession() as s:
-            scraper = px.recorder.scraper
-            for _ in range(500):  # the baseline scrape
-                if scraper.state.ok:
-                    break
-                await asyncio.sleep(0.01)
-            first = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
-            await engine.streaming.wait()
-            second = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
-            await engine.arrived.wait()
-            for _ in range(500):  # the periodic scrape (every 50 ms with two in flight) is held back
-                if scraper.deferred:
-                    break
-                await asyncio.sleep(0.01)
-            engine.prefill_done.set()
-            for _ in range(500):  # and goes out once the second request's first token is through
-                if engine.events[-1:] == ["metrics"]:
-                    break
-                await asyncio.sleep(0.01)
-            engine.first_done.set()
-            for task in (first, second):
-                resp = await task
-                await resp.read()
-            await px.flush()
-    finally:
-        await server.close()
+    async with (
+        engine.serve() as url,
+        running_proxy(url, tmp_path, rec_scrape_interval_s=0.05) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        scraper = await baseline(px)
+        first = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
+        await engine.streaming.wait()
+        second = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
+        await engine.arrived.wait()
+        for _ in range(500):  # the periodic scrape (every 50 ms with two in flight) is held back
+            if scraper.deferred:
+                break
+            await asyncio.sleep(0.01)
+        engine.prefill_done.set()
+        for _ in range(500):  # and goes out once the second request's first token is through
+            if engine.events[-1:] == ["metrics"]:
+                break
+            await asyncio.sleep(0.01)
+        engine.first_done.set()
+        for task in (first, second):
+            resp = await task
+            await resp.read()
+        await px.flush()
     assert scraper.deferred >= 1
     arrived = engine.events.index("arrived")
     token = engine.events.index("first_token")
@@ -124,37 +141,24 @@ async def test_a_closing_scrape_waits_for_the_next_request_of_a_closed_loop(tmp_
     of the first goes out after the second's first token, not between the first's end and that token (where it
     met the next request at the engine and added the render to its TTFT)."""
     engine = ClosedLoopEngine()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", engine.chat)
-    app.router.add_get("/metrics", engine.metrics)
-    server = TestServer(app, host="127.0.0.1", port=0)
-    await server.start_server()
-    url = str(server.make_url("")).rstrip("/")
     body = {"model": "m", "messages": [], "stream": True}
-    try:
-        # a generous wait for the arrival (on a busy host the next request may take long to reach the bookkeeping),
-        # and no floor between scrapes, which would hold the closing scrape back after the baseline by itself
-        kw = {"rec_scrape_arrival_wait_s": 10.0, "rec_scrape_min_gap_s": 0.0}
-        async with running_proxy(url, tmp_path, **kw) as px, aiohttp.ClientSession() as s:
-            scraper = px.recorder.scraper
-            for _ in range(500):  # the baseline scrape
-                if scraper.state.ok:
-                    break
-                await asyncio.sleep(0.01)
-            async with s.post(px.url + "/v1/chat/completions", json=body) as first:
-                assert (await first.read()).endswith(b"data: [DONE]\n\n")
-            second = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
-            await engine.arrived.wait()
-            for _ in range(1000):  # the closing scrape, held back until the second request's first token
-                if scraper.deferred:
-                    break
-                await asyncio.sleep(0.01)
-            engine.prefill_done.set()
-            resp = await second
-            await resp.read()
-            await px.flush()
-    finally:
-        await server.close()
+    # a generous wait for the arrival (on a busy host the next request may take long to reach the bookkeeping),
+    # and no floor between scrapes, which would hold the closing scrape back after the baseline by itself
+    kw = {"rec_scrape_arrival_wait_s": 10.0, "rec_scrape_min_gap_s": 0.0}
+    async with engine.serve() as url, running_proxy(url, tmp_path, **kw) as px, aiohttp.ClientSession() as s:
+        scraper = await baseline(px)
+        async with s.post(px.url + "/v1/chat/completions", json=body) as first:
+            assert (await first.read()).endswith(b"data: [DONE]\n\n")
+        second = asyncio.create_task(s.post(px.url + "/v1/chat/completions", json=body))
+        await engine.arrived.wait()
+        for _ in range(1000):  # the closing scrape, held back until the second request's first token
+            if scraper.deferred:
+                break
+            await asyncio.sleep(0.01)
+        engine.prefill_done.set()
+        resp = await second
+        await resp.read()
+        await px.flush()
     ended, token = engine.events.index("ended"), engine.events.index("first_token")
     assert "metrics" not in engine.events[ended:token], engine.events
     assert "metrics" in engine.events[token:], engine.events
@@ -165,33 +169,24 @@ async def test_a_closing_scrape_waits_for_the_next_request_of_a_closed_loop(tmp_
 async def test_one_request_alone_gets_no_periodic_scrape(tmp_path: Path) -> None:
     """A request alone in flight is settled by its closing scrape: none is made while it streams."""
     engine = Engine()  # its first request streams one token, then holds until first_done
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", engine.chat)
-    app.router.add_get("/metrics", engine.metrics)
-    server = TestServer(app, host="127.0.0.1", port=0)
-    await server.start_server()
-    url = str(server.make_url("")).rstrip("/")
-    try:
-        async with running_proxy(url, tmp_path, rec_scrape_interval_s=0.02) as px, aiohttp.ClientSession() as s:
-            scraper = px.recorder.scraper
-            for _ in range(500):
-                if scraper.state.ok:
-                    break
-                await asyncio.sleep(0.01)
-            task = asyncio.create_task(
-                s.post(px.url + "/v1/chat/completions", json={"model": "m", "messages": [], "stream": True})
-            )
-            await engine.streaming.wait()
-            during = engine.events.count("metrics")
-            # ten periodic intervals pass while it streams: an absence can only be waited for this way
-            await asyncio.sleep(0.2)
-            held = engine.events.count("metrics")
-            engine.first_done.set()
-            resp = await task
-            await resp.read()
-            await px.flush()
-    finally:
-        await server.close()
+    async with (
+        engine.serve() as url,
+        running_proxy(url, tmp_path, rec_scrape_interval_s=0.02) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        await baseline(px)
+        task = asyncio.create_task(
+            s.post(px.url + "/v1/chat/completions", json={"model": "m", "messages": [], "stream": True})
+        )
+        await engine.streaming.wait()
+        during = engine.events.count("metrics")
+        # ten periodic intervals pass while it streams: an absence can only be waited for this way
+        await asyncio.sleep(0.2)
+        held = engine.events.count("metrics")
+        engine.first_done.set()
+        resp = await task
+        await resp.read()
+        await px.flush()
     assert held == during, engine.events
     (rec,) = px.records()
     assert rec["outcome"] == "ok"
@@ -215,11 +210,7 @@ async def test_engine_figures_slow_the_periodic_scrape_and_keep_the_cross_check(
             running_proxy(sim.url, tmp_path / str(detail), rec_calibration_hold_s=0.0) as px,
             aiohttp.ClientSession() as s,
         ):
-            scraper = px.recorder.scraper
-            for _ in range(500):
-                if scraper.state.ok:
-                    break
-                await asyncio.sleep(0.01)
+            scraper = await baseline(px)
 
             async def one(tokens: int) -> None:
                 async with s.post(px.url + "/v1/chat/completions", json={**body, "max_tokens": tokens}) as r:
