@@ -90,16 +90,12 @@ def compare_saturation(saturation: list[dict[str, Any]]) -> str | None:
                 row["cpu_vs_nginx"] = row["cpu_ms_per_1000"] / ng["cpu_ms_per_1000"]
             if row["relay_only_cpu_ms_per_1000"] is not None:
                 row["relay_only_vs_nginx"] = row["relay_only_cpu_ms_per_1000"] / ng["cpu_ms_per_1000"]
-    one = next((r for r in saturation if r.get("workers") == 1), None)
-    for row in saturation:
-        for key, field in (("vs_workers_1", "chunks_per_s"), ("vs_workers_1_phase", "chunks_per_s_phase")):
-            a, b = row.get(field), one.get(field) if one else None
-            row[key] = a / b if a is not None and b and row.get("workers") is not None else None
-    one_splice = next((r for r in saturation if r.get("splices") == 1), None)
-    for row in saturation:
-        for key, field in (("vs_one_splice", "chunks_per_s"), ("vs_one_splice_phase", "chunks_per_s_phase")):
-            a, b = row.get(field), one_splice.get(field) if one_splice else None
-            row[key] = a / b if a is not None and b and row.get("splices") is not None else None
+    for by, key in (("workers", "vs_workers_1"), ("splices", "vs_one_splice")):
+        one = next((r for r in saturation if r.get(by) == 1), None)
+        for row in saturation:
+            for over, field in (("", "chunks_per_s"), ("_phase", "chunks_per_s_phase")):
+                a, b = row.get(field), one.get(field) if one else None
+                row[key + over] = a / b if a is not None and b and row.get(by) is not None else None
     short = [r["relay"] for r in saturation if r.get("window") is None]
     if not short:
         return None
