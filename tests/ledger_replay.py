@@ -7,9 +7,11 @@ server's own per-request figures.
     python -m tests.ledger_replay replay run.log run.jsonl
 
 ``capture`` runs ``specproxy run`` (the arguments after ``--``) with every call the load generator's recorder makes
-on its :class:`~specproxy.attribution.ledger.CounterLedger` written to a file. ``replay`` feeds those calls to a fresh
-ledger and prints, per workload, the counters-only acceptance against the server's (the records need an engine that
-gives per-request figures: vLLM with ``--per-request-spec-decode-metrics``), three ways:
+on its :class:`~specproxy.attribution.ledger.CounterLedger` written to a file. With ``--counters-pacing`` before the
+``--`` it scrapes as it would if the engine gave no per-request figures (a scrape as each request ends), while the
+records keep the engine's figures as the truth: the intervals of a counters-only deployment. ``replay`` feeds those
+calls to a fresh ledger and prints, per workload, the counters-only acceptance against the server's (the records need
+an engine that gives per-request figures: vLLM with ``--per-request-spec-decode-metrics``), three ways:
 
 - ``at end``: each request shared out with the models as they stood when it ended (a record not held);
 - ``held``: every request shared out with the final models (records held for a stable model);
@@ -39,7 +41,12 @@ CALLS = ("begin", "record_chunk", "end", "baseline", "settle", "pop")
 DELTA_FIELDS = ("accepted", "drafts", "draft_tokens", "per_position", "decode_steps")
 
 
-def capture(log_path: str, run_args: list[str]) -> None:
+def capture(log_path: str, run_args: list[str], *, counters_pacing: bool = False) -> None:
+    if counters_pacing:  # scrape as if no request carried the engine's own figures (they are kept as the truth)
+        from specproxy.recorder.scraper import Scraper
+
+        told = Scraper.request_figures
+        Scraper.request_figures = lambda self, own: told(self, False)  # type: ignore[method-assign]
     out = open(log_path, "w")  # noqa: SIM115 - open for the whole run, closed by the interpreter's exit
     for name in CALLS:
         original = getattr(ledger_module.CounterLedger, name)
@@ -165,6 +172,9 @@ def main() -> int:
     args = sys.argv[1:]
     if len(args) >= 3 and args[0] == "capture" and args[2] == "--":
         capture(args[1], args[3:])
+        return 0
+    if len(args) >= 4 and args[0] == "capture" and args[2:4] == ["--counters-pacing", "--"]:
+        capture(args[1], args[4:], counters_pacing=True)
         return 0
     if len(args) == 3 and args[0] == "replay" and all(os.path.exists(a) for a in args[1:]):
         replay(args[1], args[2])

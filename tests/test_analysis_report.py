@@ -232,3 +232,25 @@ def test_records_timed_off_the_engines_clock_are_counted_and_told(tmp_path: Path
     clean = write_run(tmp_path / "quiet.jsonl", [make_record("q", accepted=[1], k=3)])
     code, out, _ = invoke("report", str(clean))
     assert code == 0 and "off the engine's own timing" not in out
+
+
+def test_counters_shares_from_an_unsettled_model_are_counted_and_told(tmp_path: Path) -> None:
+    from specproxy.analysis.inputs.runs import read_runs
+    from specproxy.analysis.report.accum import stream_report
+
+    flag = ["partial_drafting", "counters_unsettled"]
+    recs = [
+        make_record(f"r{i}", accepted=[1, 0], k=3, source="counters", flags=flag if i < 2 else ()) for i in range(3)
+    ]
+    run = write_run(tmp_path / "short.jsonl", recs)
+    streamed, _ = stream_report(read_runs([run]), ("workload",))
+    assert [g.acceptance.unsettled for g in build_report(recs, ("workload",)).groups] == [2]
+    assert [g.acceptance.unsettled for g in streamed.groups] == [2]
+    code, out, err = invoke("report", str(run))
+    assert code == 0, err
+    assert "counters 3 (2 unsettled)" in out and "too few scrape intervals" in out
+    code, out, _ = invoke("report", str(run), "-f", "json")
+    assert code == 0 and orjson.loads(out)["groups"][0]["acceptance"]["unsettled"] == 2
+    settled = write_run(tmp_path / "long.jsonl", [make_record("q", accepted=[1], k=3, source="counters")])
+    code, out, _ = invoke("report", str(settled))
+    assert code == 0 and "unsettled" not in out

@@ -13,9 +13,9 @@ SERVER = {"num_accepted_draft_tokens": 4, "num_spec_steps": 3, "num_draft_tokens
 
 
 def _counters(accepted: float, drafts: float, *, exact: bool = True, overlapped: bool = False,
-              reset: bool = False) -> CounterAttribution:  # fmt: skip
+              reset: bool = False, unsettled: bool = False) -> CounterAttribution:  # fmt: skip
     est = SpecEstimate(SpecCounts(accepted, drafts, drafts * 3), k=3.0, exact=exact)
-    return CounterAttribution(est, intervals=1, overlapped=overlapped, reset=reset)
+    return CounterAttribution(est, intervals=1, overlapped=overlapped, reset=reset, unsettled=unsettled)
 
 
 def _ev(**kw: Any) -> Evidence:
@@ -70,6 +70,16 @@ def test_partial_drafting_makes_chunk_drafts_approximate() -> None:
     c = decide(_ev(tokens=[1] + [1] * 20, counters=_counters(0, 8)))  # drafted on 8 of 20 steps, alone
     assert "partial_drafting" in c.flags and c.source == "counters"
     assert "partial_drafting" in decide(_ev(engine_drafts_partially=True)).flags
+
+
+def test_a_counters_figure_from_an_unsettled_model_is_flagged_only_where_it_is_the_figure() -> None:
+    shared = _counters(5, 8, exact=False, overlapped=True, unsettled=True)
+    c = decide(_ev(engine_drafts_partially=True, counters=shared))  # ngram: the counters' share is the figure
+    assert c.source == "counters" and "counters_unsettled" in c.flags
+    c = decide(_ev(engine_drafts_partially=True, server_spec=SERVER, counters=shared))  # the server's own figure
+    assert c.source == "server" and "counters_unsettled" not in c.flags
+    settled = _counters(5, 8, exact=False, overlapped=True)
+    assert "counters_unsettled" not in decide(_ev(engine_drafts_partially=True, counters=settled)).flags
 
 
 def test_zero_acceptance_and_counter_flags() -> None:

@@ -288,3 +288,52 @@ def test_an_engine_that_never_drafts_needs_no_drafting_model() -> None:
     led.settle(100 * MS, _delta(30, accepted=0, drafts=0))  # no speculation: no drafts at all
     assert led.partial_drafting  # zero drafts per step reads as drafting on some steps...
     assert not led.needs_draft_model("a")  # ...but there is nothing to model: its record is not held
+
+
+def _overlapping_interval(led: CounterLedger, n: int, t0_ms: int, code: int) -> tuple[list[str], int]:
+    """Four requests, ``code`` of them code (a multi-token step in 5, first drafts accepted 4 in 5) and the rest ja
+    (one in 10, 2 in 5), all in one interval whose delta holds each one's drafts as the drafting model says they
+    hide (no noise): returns their ids and the time after the interval."""
+    ids, drafts, t = [], 0.0, t0_ms
+    for j in range(4):
+        rid, workload = f"{n}-{j}", "code" if j < code else "ja"
+        tokens, accept = ([2, 1, 1, 1, 1] * 2, 0.8) if workload == "code" else ([2] + [1] * 9, 0.4)
+        led.begin(rid, workload)
+        t = _stream(led, rid, tokens, t)
+        multi = sum(1 for x in tokens if x > 1)
+        odds = multi / (len(tokens) - multi)
+        drafts += multi + (len(tokens) - multi) * odds * (1 - accept) / accept
+        ids.append(rid)
+    led.settle(t * MS, _delta(40, accepted=6 * 4, drafts=drafts))
+    for rid in ids:
+        led.end(rid)
+    return ids, t + 1
+
+
+def test_a_share_from_a_drafting_model_not_yet_pinned_down_says_so() -> None:
+    """ngram hides drafts in one-token steps; which overlapping request's they are rests on the drafting model,
+    fitted across intervals. Until it is stable a record's per-workload figure may be points off (16 requests of
+    two workloads read up to 10 points off on a real vLLM): the attribution says it is unsettled."""
+    led = CounterLedger()
+    led.baseline(0)
+    t, first = 1, []
+    for n in range(60):
+        ids, t = _overlapping_interval(led, n, t, code=1 + n % 3)  # the mix varies, so workloads can be told apart
+        first = first or ids
+    assert led.partial_drafting and led.needs_draft_model(first[0])
+    early = led.pop(first[0])
+    assert early is not None and early.overlapped and early.unsettled is False  # 60 exact intervals pin it
+    led2 = CounterLedger()
+    led2.baseline(0)
+    ids, _ = _overlapping_interval(led2, 0, 1, code=2)
+    _overlapping_interval(led2, 1, 100, code=1)
+    got = led2.pop(ids[0])
+    assert got is not None and got.overlapped and got.unsettled  # two intervals pin nothing
+    alone = CounterLedger()
+    alone.baseline(0)
+    alone.begin("a", "code")
+    _stream(alone, "a", [2, 1, 1, 1, 1] * 5, 1)
+    alone.settle(40 * MS, _delta(25, accepted=5, drafts=8))
+    alone.end("a")
+    solo = alone.pop("a")
+    assert solo is not None and not solo.overlapped and not solo.unsettled  # alone: its drafts are the delta's

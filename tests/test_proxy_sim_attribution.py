@@ -206,6 +206,29 @@ async def test_mixed_ngram_drafting_on_some_steps_within_10_points() -> None:
     assert doc["drafts_error_share"] <= 0.15
 
 
+async def test_a_short_mixed_ngram_run_says_its_counters_shares_are_unsettled(tmp_path: Path) -> None:
+    """Six overlapping requests of two workloads, ngram, neither usage per step nor the engine's per-request figures:
+    which request the drafts hidden in one-token steps belong to rests on a drafting model that a handful of scrape
+    intervals cannot pin down (a real vLLM read up to 10 points off per workload so). Each such record says so, and
+    the report counts them."""
+    from specproxy.analysis.report.accum import build_report
+
+    plan = [("code_agent", CODE_PROMPTS[i % 4]) if i % 2 else ("ja_chat", JA_PROMPTS[i % 4]) for i in range(6)]
+    async with running_sim(spec_method="ngram", speed=5.0, seed=3) as sim, aiohttp.ClientSession() as s:
+        async with running_proxy(sim.url, tmp_path, rec_k=3) as px:
+            await _wait_ready(px)
+            for wave in (plan[:3], plan[3:]):
+                await asyncio.gather(*(_send(s, px.url, chat_body(p, max_tokens=24), w) for w, p in wave))
+        # the proxy has shut down: held records took the models as they stood
+        recs = list(read_records(tmp_path / "records.jsonl"))
+    assert len(recs) == 6
+    shared = [r for r in recs if r["spec"]["source"] == "counters" and not r["spec"]["estimates"]["counters"]["exact"]]
+    assert shared, [(r["spec"]["source"], r["flags"]) for r in recs]
+    for r in recs:
+        assert ("counters_unsettled" in r["flags"]) == (r in shared), (r["spec"]["source"], r["flags"])
+    assert sum(g.acceptance.unsettled for g in build_report(recs, ("workload",)).groups) == len(shared)
+
+
 async def test_a_non_streamed_request_does_not_pollute_a_streaming_ones_counters(tmp_path: Path) -> None:
     """A non-streamed request's steps show no chunks: the engine counts them, so the interval is cut by time, the
     streaming request's figure is not claimed exact, and it does not take the other request's accepted tokens."""

@@ -28,6 +28,8 @@ from specproxy.attribution.estimates import (
 from specproxy.attribution.ledger import PARTIAL_DRAFTING_BELOW, CounterAttribution
 from specproxy.core.record import Estimates, SpecBlock
 
+UNSETTLED_FLAG = "counters_unsettled"  # the counters' share rested on a per-workload model not yet pinned down
+
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
@@ -133,6 +135,8 @@ def decide(ev: Evidence) -> Choice:
     if chunks is not None and not chunks_are_steps:
         chunks = chunks.approximate()
     source, chosen = choose(server, chunks, counters)
+    if source == "counters" and ev.counters is not None and ev.counters.unsettled:
+        flags.append(UNSETTLED_FLAG)
     if chosen is not None and chosen.draft_tokens and chosen.counts.accepted == 0:
         flags.append("spec_zero_acceptance")
     return Choice(

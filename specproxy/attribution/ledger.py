@@ -51,6 +51,9 @@ class CounterAttribution:
     intervals: int
     overlapped: bool  # shared an interval with another request (drafts are then split by steps)
     reset: bool
+    # the share rested on a per-workload model (acceptance of inexact counts, or ngram's hidden drafts) that too few
+    # intervals had pinned down when the request was shared out: each workload's figure may be several points off
+    unsettled: bool = False
 
 
 def _read_at(c: Chunk) -> int:
@@ -101,6 +104,7 @@ class CounterLedger:
         # the models' state: it moves on with every settled interval; shares computed for one state are reused
         self._version = 0
         self._params: _Params | None = None
+        self._stable: list[AcceptanceModel | DraftModel] = []  # the models found stable so far (see _settled)
 
     # -- what the recorder reports ---------------------------------------------------------------------------------
     def begin(self, rid: str, workload: str = "") -> None:
@@ -251,14 +255,21 @@ class CounterLedger:
     def needs_model(self, rid: str) -> bool:
         """Whether this request's share of accepted tokens rests on the acceptance model (inexact counts, shared)."""
         r = self._req.get(rid)
-        return r is not None and any(iv.needs_model for iv in r.intervals)
+        return r is not None and self._rests_on_model(r)
 
     def needs_draft_model(self, rid: str) -> bool:
         """Whether this request's drafts rest on the drafting model: the engine drafts, on some steps only, and the
         request shared an interval, so its share of the drafts hidden in one-token steps is modelled. (An engine
         that never drafted reads as drafting on no step: nothing to model.)"""
         r = self._req.get(rid)
-        return r is not None and r.overlapped and self.total.drafts > 0 and self.partial_drafting
+        return r is not None and self._rests_on_drafting(r)
+
+    @staticmethod
+    def _rests_on_model(r: _Request) -> bool:
+        return any(iv.needs_model for iv in r.intervals)
+
+    def _rests_on_drafting(self, r: _Request) -> bool:
+        return r.overlapped and self.total.drafts > 0 and self.partial_drafting
 
     def in_flight(self) -> int:
         return sum(1 for r in self._req.values() if not r.ended)
@@ -291,4 +302,16 @@ class CounterLedger:
             # with partial drafting, an overlapped request's drafts are modelled, not known
             exact=not (r.shared or r.incomplete or r.reset or (partial and r.overlapped)),
         )
-        return CounterAttribution(est, len(r.intervals), r.overlapped, r.reset)
+        unsettled = (self._rests_on_model(r) and not self._settled(self.model)) or (
+            self._rests_on_drafting(r) and not self._settled(self.drafting)
+        )
+        return CounterAttribution(est, len(r.intervals), r.overlapped, r.reset, unsettled)
+
+    def _settled(self, model: AcceptanceModel | DraftModel) -> bool:
+        """Whether ``model`` has been stable (it stays so: more intervals only pin it further). Asked only for a
+        request that rests on it, and no more once it was."""
+        if model not in self._stable:
+            if not model.stable():
+                return False
+            self._stable.append(model)
+        return True

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from specproxy.attribution.choice import UNSETTLED_FLAG
 from specproxy.attribution.counts import SpecCounts
 from specproxy.core.record import Record
 
@@ -49,6 +50,7 @@ class Acceptance(SpecCounts):
     tokens_per_step: Mapping[int, int]
     reconciliation: Reconciliation | None
     k: int | None
+    unsettled: int = 0  # records whose counters share rested on a model too few intervals had pinned down
 
 
 def _tokens_per_step_from_chunks(rec: Record) -> Counter[int]:
@@ -74,6 +76,7 @@ class AcceptancePool:
         self.hist: Counter[int] = Counter()
         self.ks: Counter[int] = Counter()
         self.spec_requests = 0
+        self.unsettled = 0
         self.rec_n = 0
         # accepted, drafts, draft tokens of the records with both a per-request figure and the counters' (the
         # reconciliation reads no per-position counts)
@@ -89,6 +92,8 @@ class AcceptancePool:
         self.spec_requests += 1
         source = spec["source"]
         self.sources[source if source is not None else "none"] += 1
+        if UNSETTLED_FLAG in rec["flags"]:
+            self.unsettled += 1
         self.accepted += spec["accepted"] or 0.0
         self.drafts += spec["drafts"] or 0.0
         self.draft_tokens += spec["draft_tokens"] or 0.0
@@ -132,6 +137,7 @@ class AcceptancePool:
             if self.rec_n
             else None,
             k=self.ks.most_common(1)[0][0] if self.ks else None,
+            unsettled=self.unsettled,
         )
 
 

@@ -39,8 +39,18 @@ def position_text(acc: Acceptance) -> str:
     return " ".join(f"{r:.2f}" for r in acc.position_rates) or "-"
 
 
-def sources_text(sources: dict[str, int] | Any) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(sources.items(), key=lambda kv: -kv[1])) or "-"
+def sources_text(sources: dict[str, int] | Any, unsettled: int = 0) -> str:
+    text = ", ".join(f"{k} {v}" for k, v in sorted(sources.items(), key=lambda kv: -kv[1])) or "-"
+    return f"{text} ({unsettled} unsettled)" if unsettled else text
+
+
+UNSETTLED_NOTE = (
+    "unsettled: records whose figure is the counters' share of overlapping requests, shared by a per-workload model "
+    "(ngram's drafts hidden in one-token steps, or the accepted tokens of inexact counts) that too few scrape "
+    "intervals had pinned down; the run's totals are the engine's, but each workload's acceptance may be several "
+    "points off. More requests settle it, or the engine's own per-request figures (vLLM: "
+    "--per-request-spec-decode-metrics)"
+)
 
 
 def reconciliation_text(acc: Acceptance) -> str:
@@ -89,7 +99,7 @@ def report_tables(report: Report, warnings: Sequence[str] = ()) -> list[Table]:
                 fmt(f("mean_acceptance_length"), 2),
                 position_text(a),
                 histogram_text(a.tokens_per_step),
-                sources_text(a.sources),
+                sources_text(a.sources, a.unsettled),
                 reconciliation_text(a),
             )
         )
@@ -157,6 +167,7 @@ def report_tables(report: Report, warnings: Sequence[str] = ()) -> list[Table]:
             (
                 "per position: accepted at draft position i per draft; reconciliation gap: counters vs per-request "
                 "estimates of accepted tokens",
+                *((UNSETTLED_NOTE,) if any(g.acceptance.unsettled for g in report.groups) else ()),
             ),
         ),
         Table(
@@ -180,6 +191,7 @@ def acceptance_json(a: Acceptance) -> dict[str, Any]:
         "per_position_rate": list(a.position_rates),
         "tokens_per_step": {str(k): v for k, v in a.tokens_per_step.items()},
         "sources": dict(a.sources),
+        "unsettled": a.unsettled,
         "reconciliation": None
         if r is None
         else {
