@@ -120,12 +120,16 @@ def test_warnings() -> None:
         make_record("t2", accepted=[1] * 5, k=1, response_text="<think>hmm, let me see</think>Hello"),
         make_record("t3", accepted=[1] * 5, k=1, response_text="<think>\n\n</think>\n\nHello"),
         make_record("t4", accepted=[1] * 5, k=1, chunks_are_steps=False, flags=["multi_event_reads"]),
+        make_record("t5", accepted=[1] * 5, k=1, source="counters", flags=["partial_drafting", "counters_unsettled"]),
     ]
+    text = " | ".join(build_advice(thinking[:4]).workloads[0].warnings)
+    assert "counters_unsettled" not in text
     text = " | ".join(build_advice(thinking).workloads[0].warnings)
+    assert "1 of 5 requests' acceptance is the counters' share" in text and "counters_unsettled" in text
     assert "thinking was on in 1 requests" in text
     assert "1 responses contain <think> reasoning" in text
-    assert "1 of 4 streamed requests have chunks that don't map to engine steps" in text
-    assert "only 4 requests and 20 draft tokens: too few" in text
+    assert "1 of 5 streamed requests have chunks that don't map to engine steps" in text
+    assert "only 5 requests and 25 draft tokens: too few" in text
 
     plain = build_advice(baseline_records(requests=3)).workloads[0]
     assert plain.recommended_k is None and plain.predictions == ()

@@ -253,6 +253,12 @@ def warnings_of(stats: WorkloadStats, acc: Acceptance) -> list[str]:
             f"{stats.not_steps} of {stats.streamed} streamed requests have chunks that don't map to engine steps "
             "(buffering in between, or a stream interval): per-step latency and chunk-based acceptance are unreliable"
         )
+    if acc.unsettled:
+        out.append(
+            f"{acc.unsettled} of {acc.spec_requests} requests' acceptance is the counters' share from a per-workload "
+            "model too few scrape intervals pinned down (flag counters_unsettled): this workload's figure may be "
+            "several points off; more requests, or the engine's own per-request figures, settle it"
+        )
     if stats.requests < MIN_REQUESTS or acc.draft_tokens < MIN_DRAFT_TOKENS:
         out.append(
             f"only {stats.requests} requests and {acc.draft_tokens:.0f} draft tokens: too few for a stable figure "
