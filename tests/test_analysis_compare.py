@@ -153,3 +153,22 @@ def test_the_same_requests_pair_without_a_replay() -> None:
     text = "\n".join(str(n) for t in compare_tables(c) for n in t.notes)
     assert "by the same workload and request body: 1 row" in text
     assert compare_json(c)["rows"][1]["paired"]["by"] == "same request"
+
+
+def test_an_acceptance_from_unsettled_counters_shares_is_marked() -> None:
+    unsettled = ["partial_drafting", "counters_unsettled"]
+    recs = (
+        spec_run("ngram-n3", 0.012, source="counters", flags=unsettled)
+        + spec_run("ngram-n5", 0.011, source="counters")
+        + baseline_records(requests=5, step_s=0.01)
+    )
+    c = build_comparison(recs)
+    rows = {r.label: r for r in c.rows}
+    assert (rows["ngram-n3"].unsettled, rows["ngram-n5"].unsettled, rows["Base"].unsettled) == (5, 0, 0)
+    table = compare_tables(c)[0]
+    cells = {row[1]: row[table.headers.index("acceptance")] for row in table.rows}
+    assert cells["ngram-n3"] == "100.0% *" and cells["ngram-n5"] == "100.0%"
+    assert any(n.startswith("*: ") and "counters_unsettled" in n for n in table.notes)
+    assert [r["acceptance_unsettled"] for r in compare_json(c)["rows"]] == [5, 0, 0]
+    plain = compare_tables(build_comparison(spec_run("ngram-n5", 0.011) + baseline_records(requests=5)))[0]
+    assert not any(n.startswith("*: ") for n in plain.notes)

@@ -68,6 +68,7 @@ class CompareRow:
     speedup_ci: Interval | None = None  # 95% bootstrap interval (decode metric; paired when requests pair up)
     acceptance_ci: Interval | None = None
     engine: str | None = None  # the engine(s) the records name (vllm, sglang, ollama, llamacpp), comma-separated
+    unsettled: int = 0  # records whose acceptance is a counters share from a model not yet pinned down
 
     @property
     def verdict(self) -> str:
@@ -260,6 +261,7 @@ class ComparisonBuilder:
             else None,
             speedup_ci=speedup_ci,
             acceptance_ci=pooled_ratio(pairs) if any(d for _, d in pairs) else None,
+            unsettled=g.acceptance.unsettled,
             engine=", ".join(sorted(self.engines.get(key, ()))) or None,
         )
 

@@ -46,7 +46,7 @@ def compare_tables(c: Comparison) -> list[Table]:
             fmt(r.tok_s.value),
             fmt_spread(r.spread_lo, r.spread_hi),
             fmt_x(r.speedup),
-            fmt_pct(r.acceptance_rate),
+            fmt_pct(r.acceptance_rate) + (" *" if r.unsettled else ""),
             fmt(r.mean_acceptance_length, 2),
             _paired_text(r),
             str(r.requests),
@@ -70,6 +70,11 @@ def compare_tables(c: Comparison) -> list[Table]:
         notes.append(
             "95% CI: bootstrap over requests (paired by request where runs sent the same ones); a speedup is "
             "faster or slower only when its interval clears 0.97-1.03x (a run's drift), else not distinguishable"
+        )
+    if any(r.unsettled for r in c.rows):
+        notes.append(
+            "*: some of the row's requests have an acceptance that is the counters' share from a per-workload model "
+            "too few scrape intervals pinned down (flag counters_unsettled): it may be several points off"
         )
     if any(r.paired for r in c.rows):
         how = {BY_BODY: "the same workload and request body", BY_REPLAY: "replay_of"}
@@ -132,6 +137,7 @@ def compare_json(c: Comparison, inputs: Sequence[str] = ()) -> dict[str, Any]:
                 "verdict": r.verdict,
                 "acceptance_rate": r.acceptance_rate,
                 "acceptance_rate_ci": _ci_json(r.acceptance_ci),
+                "acceptance_unsettled": r.unsettled,
                 "mean_acceptance_length": r.mean_acceptance_length,
                 **(
                     {
