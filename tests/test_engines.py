@@ -147,7 +147,8 @@ def test_an_engine_never_healthy_is_stopped_after_the_wait(tmp_path: Path) -> No
     assert time.monotonic() - t0 < 30
 
 
-def test_serve_prints_the_url_when_healthy_and_stops_the_engine_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_request", [True, False])
+def test_serve_prints_the_url_when_healthy_and_stops_the_engine_on_sigterm(tmp_path: Path, per_request: bool) -> None:
     """``serve`` on a set-up whose python is a stand-in: it records the command line it was given and runs the
     simulator on the port vLLM would listen on."""
     lay = vllm_cpu.Layout(tmp_path)
@@ -164,7 +165,7 @@ def test_serve_prints_the_url_when_healthy_and_stops_the_engine_on_sigterm(tmp_p
     lay.marker.write_text(json.dumps({"pins": vllm_cpu._pins()}))
     proc = subprocess.Popen(
         [sys.executable, "-m", "specproxy", "engine", "vllm-cpu", "serve", "--dir", str(tmp_path), "--ngram", "2",
-         "--", "--max-num-seqs", "4"],
+         *([] if per_request else ["--no-per-request"]), "--", "--max-num-seqs", "4"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     try:
@@ -176,6 +177,7 @@ def test_serve_prints_the_url_when_healthy_and_stops_the_engine_on_sigterm(tmp_p
             assert r.status == 200
         argv = (tmp_path / "argv").read_text()
         assert "-m vllm.entrypoints.openai.api_server" in argv and '"num_speculative_tokens":2' in argv
+        assert ("--per-request-spec-decode-metrics detailed" in argv) == per_request  # else counters only
         assert argv.rstrip().endswith("--max-num-seqs 4")  # extra arguments last
     finally:
         proc.terminate()

@@ -64,6 +64,12 @@ def register(app: typer.Typer) -> None:
         ngram: int = typer.Option(
             0, "--ngram", help="Speculate by prompt lookup with this many draft tokens, with per-request figures."
         ),
+        per_request: bool = typer.Option(
+            True,
+            "--per-request/--no-per-request",
+            help="With --ngram: vLLM's per-request speculative figures (--per-request-spec-decode-metrics detailed). "
+            "--no-per-request serves as vLLM does by default, where specproxy shares the counters among requests.",
+        ),
     ) -> None:
         """Set up if needed, start the engine and print its URL when healthy; Ctrl-C or SIGTERM stops it and its
         children. Arguments after `--` go to vLLM's api_server as they are, e.g.
@@ -71,7 +77,7 @@ def register(app: typer.Typer) -> None:
         if port < 0 or port > 65535:
             fail(f"port {port} is out of range 0..65535")
         lay = _setup(folder)
-        extra = [*(vllm_cpu.ngram_args(ngram) if ngram > 0 else []), *ctx.args]
+        extra = [*(vllm_cpu.ngram_args(ngram, per_request=per_request) if ngram > 0 else []), *ctx.args]
         try:
             eng = vllm_cpu.start(lay, extra, port=port or None)
         except EngineError as e:
