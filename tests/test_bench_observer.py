@@ -35,6 +35,8 @@ def test_the_observer_measures_both_sides_and_the_engines_own_floor() -> None:
             on, off = row["scraping_on"], row["scraping_off"]
             assert on["requests"] == off["requests"] == 3 * 2 and not on["failed"] and not off["failed"]
             assert row["ttft_added_p50_ms"] == pytest.approx(on["ttft_p50_ms"] - off["ttft_p50_ms"], abs=0.011)
+            lo, hi = row["ttft_added_p50_ci_ms"]  # how far the run's noise alone could move it
+            assert lo <= hi
             if doc.get("alone"):  # the client itself read /metrics once per request, after its first token
                 assert on["scrapes"] == 3 * 2
 
@@ -42,3 +44,28 @@ def test_the_observer_measures_both_sides_and_the_engines_own_floor() -> None:
 def test_bad_observer_options_are_one_line_errors() -> None:
     p = _observer("--concurrency", "1,x")
     assert p.returncode == 2 and "--concurrency must be integers" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.unit
+def test_the_added_ttft_comes_with_the_interval_the_runs_noise_allows() -> None:
+    from specproxy.bench.observer import added_interval
+
+    on = [0.110 + 0.0001 * (i % 7) for i in range(20)]  # seconds: 10 ms slower, little spread
+    off = [0.100 + 0.0001 * (i % 5) for i in range(20)]
+    ci = added_interval(on, off)
+    assert ci is not None and 9.0 < ci[0] <= ci[1] < 11.0
+    noisy = [0.100 + 0.030 * ((i * 7) % 11) / 10 for i in range(20)]  # the same wide spread on both sides
+    wide = added_interval(noisy, list(reversed(noisy)))
+    assert wide is not None and wide[0] < 0.0 < wide[1] and wide[1] - wide[0] > 5.0
+    assert added_interval([0.1], [0.1, 0.2]) is None
+
+
+@pytest.mark.unit
+def test_the_verdict_passes_or_fails_only_what_the_interval_clears() -> None:
+    from specproxy.bench.observer import verdict
+
+    assert verdict(0.5, [-0.2, 0.8], 1.0) == "pass"
+    assert verdict(5.0, [2.0, 8.0], 1.0) == "FAIL"
+    assert verdict(-4.86, [-20.0, 15.0], 1.0).startswith("cannot tell")  # a real CPU vLLM on 2 busy cores
+    assert verdict(24.97, [-3.0, 50.0], 1.0).startswith("cannot tell")
+    assert verdict(0.5, None, 1.0) == "pass" and verdict(2.0, None, 1.0) == "FAIL" and verdict(None, None, 1.0) == "-"

@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 
+from specproxy.analysis.figures.confidence import bootstrap_many
 from specproxy.bench.procs import Child, StartError, python_child
 from specproxy.core.stats import median, percentile
 
@@ -187,8 +188,32 @@ async def abba(
         added = None
         if son["ttft_p50_ms"] is not None and soff["ttft_p50_ms"] is not None:
             added = round(son["ttft_p50_ms"] - soff["ttft_p50_ms"], 2)
-        rows.append({"concurrency": c, f"{side}_on": son, f"{side}_off": soff, "ttft_added_p50_ms": added})
+        rows.append({"concurrency": c, f"{side}_on": son, f"{side}_off": soff, "ttft_added_p50_ms": added,
+                     "ttft_added_p50_ci_ms": added_interval(sides["on"].ttft, sides["off"].ttft)})  # fmt: skip
     return rows
+
+
+def added_interval(on: Sequence[float], off: Sequence[float]) -> list[float] | None:
+    """A 95 % bootstrap interval (ms) of the TTFT p50 one side adds over the other, each side's requests resampled:
+    how far the figure could move from the run's noise alone. None with fewer than two requests a side."""
+    ci = bootstrap_many([on, off], lambda d: [(median(d[0]) or 0.0) - (median(d[1]) or 0.0)])
+    if not ci or ci[0] is None:
+        return None
+    return [round(ci[0].lo * 1000, 2), round(ci[0].hi * 1000, 2)]
+
+
+def verdict(added: float | None, ci: Sequence[float] | None, target_ms: float) -> str:
+    """Whether the added TTFT p50 is within ``target_ms``: "pass" when the interval's top is, "FAIL" when its bottom
+    is above it, else the run cannot tell (its noise is wider than the target)."""
+    if added is None:
+        return "-"
+    if ci is None:
+        return "pass" if added <= target_ms else "FAIL"
+    if ci[1] <= target_ms:
+        return "pass"
+    if ci[0] > target_ms:
+        return "FAIL"
+    return "cannot tell: the run's noise is wider than the target"
 
 
 async def measure(
@@ -236,13 +261,15 @@ def side_by_side(
                 f"{cell(s['ttft_p50_ms'])}  {cell(s['ttft_p90_ms'])}  {cell(s['gap_p50_ms'], 8)}  "
                 f"{cell(s['gap_p99_ms'], 8)}{fails}"
             )
-        add = row["ttft_added_p50_ms"]
+        add, ci = row["ttft_added_p50_ms"], row.get("ttft_added_p50_ci_ms")
         shown = "-" if add is None else f"{add:+.2f} ms"
+        if add is not None and ci is not None:
+            shown += f" (95% interval {ci[0]:+.2f} to {ci[1]:+.2f})"
         if target_ms is None:
             lines.append(f"      TTFT p50 added by {added}: {shown}")
         else:
-            verdict = "-" if add is None else ("pass" if add <= target_ms else "FAIL")
-            lines.append(f"      TTFT p50 added by {added}: {shown} (target <= {target_ms} ms: {verdict})")
+            said = verdict(add, ci, target_ms)
+            lines.append(f"      TTFT p50 added by {added}: {shown}; target <= {target_ms} ms: {said}")
     lines.append("  times in ms, from the client: TTFT is send to first token-bearing read, gap between such reads")
     return "\n".join(lines)
 
