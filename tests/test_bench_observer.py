@@ -23,7 +23,7 @@ def _observer(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_the_observer_measures_both_sides_and_the_engines_own_floor() -> None:
-    p = _observer("--speed", "20", "--requests", "3", "--rounds", "2", "--concurrency", "1,2", "--max-tokens", "6",
+    p = _observer("--speed", "20", "--requests", "3", "--rounds", "3", "--concurrency", "1,2", "--max-tokens", "6",
                   "--engine-alone", "--format", "json")  # fmt: skip
     assert p.returncode == 0, p.stderr
     docs = json.loads(p.stdout)
@@ -33,12 +33,12 @@ def test_the_observer_measures_both_sides_and_the_engines_own_floor() -> None:
         assert [row["concurrency"] for row in doc["rows"]] == [1, 2]
         for row in doc["rows"]:
             on, off = row["scraping_on"], row["scraping_off"]
-            assert on["requests"] == off["requests"] == 3 * 2 and not on["failed"] and not off["failed"]
+            assert on["requests"] == off["requests"] == 3 * 3 and not on["failed"] and not off["failed"]
             assert row["ttft_added_p50_ms"] == pytest.approx(on["ttft_p50_ms"] - off["ttft_p50_ms"], abs=0.011)
             lo, hi = row["ttft_added_p50_ci_ms"]  # how far the run's noise alone could move it
             assert lo <= hi
             if doc.get("alone"):  # the client itself read /metrics once per request, after its first token
-                assert on["scrapes"] == 3 * 2
+                assert on["scrapes"] == 3 * 3
 
 
 def test_bad_observer_options_are_one_line_errors() -> None:
@@ -50,14 +50,19 @@ def test_bad_observer_options_are_one_line_errors() -> None:
 def test_the_added_ttft_comes_with_the_interval_the_runs_noise_allows() -> None:
     from specproxy.bench.observer import added_interval
 
-    on = [0.110 + 0.0001 * (i % 7) for i in range(20)]  # seconds: 10 ms slower, little spread
-    off = [0.100 + 0.0001 * (i % 5) for i in range(20)]
+    on = [[0.110 + 0.0001 * (i % 7) for i in range(12)] for _ in range(4)]  # seconds: 10 ms slower, steady waves
+    off = [[0.100 + 0.0001 * (i % 5) for i in range(12)] for _ in range(4)]
     ci = added_interval(on, off)
     assert ci is not None and 9.0 < ci[0] <= ci[1] < 11.0
-    noisy = [0.100 + 0.030 * ((i * 7) % 11) / 10 for i in range(20)]  # the same wide spread on both sides
-    wide = added_interval(noisy, list(reversed(noisy)))
-    assert wide is not None and wide[0] < 0.0 < wide[1] and wide[1] - wide[0] > 5.0
-    assert added_interval([0.1], [0.1, 0.2]) is None
+    # each wave's requests move together (a queue, the machine's moment): the waves, not the requests, say how far
+    drifting = [[0.100 + 0.020 * w + 0.0001 * i for i in range(12)] for w in range(4)]
+    wide = added_interval(drifting, list(reversed(drifting)))
+    assert wide is not None and wide[0] < 0.0 < wide[1] and wide[1] - wide[0] > 10.0
+    assert added_interval(on[:2], off) is None  # two waves say nothing of the drift between them
+    # drift that falls on both waves of a round (ABBA) cancels: rounds are resampled as pairs
+    shifted = [[t + 0.005 for t in w] for w in drifting]
+    paired = added_interval(shifted, drifting)
+    assert paired is not None and 4.0 < paired[0] <= paired[1] < 6.0
 
 
 @pytest.mark.unit
@@ -69,3 +74,4 @@ def test_the_verdict_passes_or_fails_only_what_the_interval_clears() -> None:
     assert verdict(-4.86, [-20.0, 15.0], 1.0).startswith("cannot tell")  # a real CPU vLLM on 2 busy cores
     assert verdict(24.97, [-3.0, 50.0], 1.0).startswith("cannot tell")
     assert verdict(0.5, None, 1.0) == "pass" and verdict(2.0, None, 1.0) == "FAIL" and verdict(None, None, 1.0) == "-"
+    assert verdict(-34.5, [-43.3, -6.2], 1.0) == "pass"

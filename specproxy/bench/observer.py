@@ -37,7 +37,6 @@ from typing import Any
 
 import aiohttp
 
-from specproxy.analysis.figures.confidence import bootstrap_many
 from specproxy.bench.procs import Child, StartError, python_child
 from specproxy.core.stats import median, percentile
 
@@ -61,6 +60,12 @@ class Side:
     counted: int = 0  # what the side's proxy did that the other does not (scrapes, shadows sent)
     scrape: str | None = None  # --engine-alone: read this /metrics once per request, just after its first token
     scraped: int = 0
+    waves: list[int] = field(default_factory=list)  # where each wave's TTFTs start in ``ttft``
+
+    def by_wave(self) -> list[list[float]]:
+        """The TTFTs of each wave (round) apart."""
+        ends = [*self.waves[1:], len(self.ttft)]
+        return [self.ttft[a:b] for a, b in zip(self.waves, ends, strict=True) if b > a]
 
 
 async def _one(s: aiohttp.ClientSession, url: str, body: dict[str, Any], side: Side) -> None:
@@ -101,6 +106,7 @@ async def wave(
     url: str, model: str, concurrency: int, requests: int, max_tokens: int, start: int, side: Side, usage: bool
 ) -> None:
     """``requests`` requests in a closed loop of ``concurrency``; request i sends prompt ``start + i``."""
+    side.waves.append(len(side.ttft))
     todo = iter(range(requests))
 
     async def worker(s: aiohttp.ClientSession) -> None:
@@ -188,32 +194,40 @@ async def abba(
         added = None
         if son["ttft_p50_ms"] is not None and soff["ttft_p50_ms"] is not None:
             added = round(son["ttft_p50_ms"] - soff["ttft_p50_ms"], 2)
+        ci = added_interval(sides["on"].by_wave(), sides["off"].by_wave())
         rows.append({"concurrency": c, f"{side}_on": son, f"{side}_off": soff, "ttft_added_p50_ms": added,
-                     "ttft_added_p50_ci_ms": added_interval(sides["on"].ttft, sides["off"].ttft)})  # fmt: skip
+                     "ttft_added_p50_ci_ms": ci})  # fmt: skip
     return rows
 
 
-def added_interval(on: Sequence[float], off: Sequence[float]) -> list[float] | None:
-    """A 95 % bootstrap interval (ms) of the TTFT p50 one side adds over the other, each side's requests resampled:
-    how far the figure could move from the run's noise alone. None with fewer than two requests a side."""
-    ci = bootstrap_many([on, off], lambda d: [(median(d[0]) or 0.0) - (median(d[1]) or 0.0)])
-    if not ci or ci[0] is None:
+MIN_WAVES = 3  # rounds needed for an interval: fewer say nothing of how far the machine drifts
+_T975 = {2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18, 15: 2.13,
+         20: 2.09, 25: 2.06, 30: 2.04}  # fmt: skip
+
+
+def added_interval(on: Sequence[Sequence[float]], off: Sequence[Sequence[float]]) -> list[float] | None:
+    """A 95 % interval (ms) around the TTFT p50 one side adds, from how far it moves between rounds: each round's two
+    waves (ABBA: the machine's moment falls on both) give one difference of medians, Student's t over those. Not over
+    requests: those of one wave share a queue (an interval over requests was 37 ms wide on a CPU engine at
+    concurrency 16, where two runs of the command differed by 60). None under :data:`MIN_WAVES` rounds."""
+    pairs = [(median(a), median(b)) for a, b in zip(on, off, strict=False)]
+    diffs = [a - b for a, b in pairs if a is not None and b is not None]
+    n = len(diffs)
+    whole_on, whole_off = median([t for w in on for t in w]), median([t for w in off for t in w])
+    if n < MIN_WAVES or whole_on is None or whole_off is None:
         return None
-    return [round(ci[0].lo * 1000, 2), round(ci[0].hi * 1000, 2)]
+    mean = sum(diffs) / n
+    sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5
+    half = next(v for df, v in sorted(_T975.items(), reverse=True) if df <= n - 1) * sd / n**0.5  # t, df = n - 1
+    return [round((whole_on - whole_off - half) * 1000, 2), round((whole_on - whole_off + half) * 1000, 2)]
 
 
 def verdict(added: float | None, ci: Sequence[float] | None, target_ms: float) -> str:
-    """Whether the added TTFT p50 is within ``target_ms``: "pass" when the interval's top is, "FAIL" when its bottom
-    is above it, else the run cannot tell (its noise is wider than the target)."""
+    """Pass when the interval's top is within ``target_ms``, FAIL when its bottom is above, else: cannot tell."""
     if added is None:
         return "-"
-    if ci is None:
-        return "pass" if added <= target_ms else "FAIL"
-    if ci[1] <= target_ms:
-        return "pass"
-    if ci[0] > target_ms:
-        return "FAIL"
-    return "cannot tell: the run's noise is wider than the target"
+    lo, hi = (added, added) if ci is None else ci
+    return "pass" if hi <= target_ms else "FAIL" if lo > target_ms else "cannot tell: the run's noise is wider"
 
 
 async def measure(
