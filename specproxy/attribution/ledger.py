@@ -104,7 +104,7 @@ class CounterLedger:
         # the models' state: it moves on with every settled interval; shares computed for one state are reused
         self._version = 0
         self._params: _Params | None = None
-        self._stable: list[AcceptanceModel | DraftModel] = []  # the models found stable so far (see _settled)
+        self._stable: list[AcceptanceModel | DraftModel] = []  # the models found stable so far (see settled)
 
     # -- what the recorder reports ---------------------------------------------------------------------------------
     def begin(self, rid: str, workload: str = "") -> None:
@@ -302,14 +302,15 @@ class CounterLedger:
             # with partial drafting, an overlapped request's drafts are modelled, not known
             exact=not (r.shared or r.incomplete or r.reset or (partial and r.overlapped)),
         )
-        unsettled = (self._rests_on_model(r) and not self._settled(self.model)) or (
-            self._rests_on_drafting(r) and not self._settled(self.drafting)
+        unsettled = (self._rests_on_model(r) and not self.settled(self.model)) or (
+            self._rests_on_drafting(r) and not self.settled(self.drafting)
         )
         return CounterAttribution(est, len(r.intervals), r.overlapped, r.reset, unsettled)
 
-    def _settled(self, model: AcceptanceModel | DraftModel) -> bool:
-        """Whether ``model`` has been stable (it stays so: more intervals only pin it further). Asked only for a
-        request that rests on it, and no more once it was."""
+    def settled(self, model: AcceptanceModel | DraftModel) -> bool:
+        """Whether ``model`` (:attr:`model` or :attr:`drafting`) has been stable: it stays so, more intervals only pin
+        it further, so it is not asked again once it was. What the recorder holds records for, and what a record's
+        ``unsettled`` says was not yet so."""
         if model not in self._stable:
             if not model.stable():
                 return False

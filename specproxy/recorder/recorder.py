@@ -456,9 +456,9 @@ class Recorder:
         }
 
     def _check_calibration(self) -> None:
-        if not self._calibrated.is_set() and self.ledger.model.stable():
+        if not self._calibrated.is_set() and self.ledger.settled(self.ledger.model):
             self._calibrated.set()
-        if not self._drafting_calibrated.is_set() and self.ledger.drafting.stable():
+        if not self._drafting_calibrated.is_set() and self.ledger.settled(self.ledger.drafting):
             self._drafting_calibrated.set()
 
     async def close(self) -> None:
