@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specproxy.analysis.figures.acceptance import (
+    UNSETTLED_MEANING,
     Acceptance,
     conditional_rates,
     expected_tokens_per_step,
@@ -254,11 +255,7 @@ def warnings_of(stats: WorkloadStats, acc: Acceptance) -> list[str]:
             "(buffering in between, or a stream interval): per-step latency and chunk-based acceptance are unreliable"
         )
     if acc.unsettled:
-        out.append(
-            f"{acc.unsettled} of {acc.spec_requests} requests' acceptance is the counters' share from a per-workload "
-            "model too few scrape intervals pinned down (flag counters_unsettled): this workload's figure may be "
-            "several points off; more requests, or the engine's own per-request figures, settle it"
-        )
+        out.append(f"{acc.unsettled} of {acc.spec_requests} requests' acceptance is {UNSETTLED_MEANING}")
     if stats.requests < MIN_REQUESTS or acc.draft_tokens < MIN_DRAFT_TOKENS:
         out.append(
             f"only {stats.requests} requests and {acc.draft_tokens:.0f} draft tokens: too few for a stable figure "

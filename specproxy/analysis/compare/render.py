@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specproxy.analysis.compare.model import CompareRow, Comparison
+from specproxy.analysis.figures.acceptance import UNSETTLED_MEANING
 from specproxy.analysis.figures.confidence import LEVEL, Interval
 from specproxy.analysis.figures.pairing import BY_BODY, BY_REPLAY
 from specproxy.analysis.report.render import JSON_VERSION
@@ -72,10 +73,7 @@ def compare_tables(c: Comparison) -> list[Table]:
             "faster or slower only when its interval clears 0.97-1.03x (a run's drift), else not distinguishable"
         )
     if any(r.unsettled for r in c.rows):
-        notes.append(
-            "*: some of the row's requests have an acceptance that is the counters' share from a per-workload model "
-            "too few scrape intervals pinned down (flag counters_unsettled): it may be several points off"
-        )
+        notes.append(f"*: some of the row's requests have as their acceptance {UNSETTLED_MEANING}")
     if any(r.paired for r in c.rows):
         how = {BY_BODY: "the same workload and request body", BY_REPLAY: "replay_of"}
         ways = "; ".join(

@@ -17,6 +17,15 @@ from specproxy.attribution.choice import UNSETTLED_FLAG
 from specproxy.attribution.counts import SpecCounts
 from specproxy.core.record import Record
 
+# what a record flagged counters_unsettled holds in place of its acceptance, and what to do about it: one wording for
+# report, compare and advise
+UNSETTLED_MEANING = (
+    "the counters' share of overlapping requests, from a per-workload model (ngram's drafts hidden in one-token "
+    "steps, or the accepted tokens of inexact counts) that too few scrape intervals had pinned down (flag "
+    f"{UNSETTLED_FLAG}): the run's totals are the engine's, but each workload's acceptance may be several points "
+    "off; more requests settle it, or the engine's own per-request figures (vLLM: --per-request-spec-decode-metrics)"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Reconciliation:

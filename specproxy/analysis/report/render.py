@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specproxy.analysis.figures import sketch
-from specproxy.analysis.figures.acceptance import Acceptance
+from specproxy.analysis.figures.acceptance import UNSETTLED_MEANING, Acceptance
 from specproxy.analysis.figures.slo import FigureSpec
 from specproxy.analysis.report.model import GroupReport, Report
 from specproxy.analysis.report.spans import histogram_text, spans_json, spans_tables
@@ -44,13 +44,7 @@ def sources_text(sources: dict[str, int] | Any, unsettled: int = 0) -> str:
     return f"{text} ({unsettled} unsettled)" if unsettled else text
 
 
-UNSETTLED_NOTE = (
-    "unsettled: records whose figure is the counters' share of overlapping requests, shared by a per-workload model "
-    "(ngram's drafts hidden in one-token steps, or the accepted tokens of inexact counts) that too few scrape "
-    "intervals had pinned down; the run's totals are the engine's, but each workload's acceptance may be several "
-    "points off. More requests settle it, or the engine's own per-request figures (vLLM: "
-    "--per-request-spec-decode-metrics)"
-)
+UNSETTLED_NOTE = f"unsettled: records whose figure is {UNSETTLED_MEANING}"
 
 
 def reconciliation_text(acc: Acceptance) -> str:
