@@ -6,11 +6,11 @@ SIGINT and SIGTERM to a callback for the time of a ``with`` block, so a long-run
 (drain, write its records) instead of dying on ``KeyboardInterrupt``.
 
 What aiohttp does not do on its own lives here too. A front door: a deadline for the request head
-(``client_header_timeout`` of :func:`start_app`, see :class:`_HeadClock`), the forms of a request target, a body
-read within a size limit and an idle timeout (:func:`read_body`). And a stop in two steps (:class:`InFlight`,
-:func:`stop_in_two_steps`): stop accepting, let the requests in flight finish, then cut those still running when the
-drain time is up or when asked to (a second signal), so that their handlers still end, and record, before the app's
-cleanup runs.
+(``client_header_timeout`` of :func:`start_app`, see :class:`_HeadClock`), a front door of the server's own before
+aiohttp's (:class:`Door`), a body read within a size limit and an idle timeout (:func:`read_body`). And a stop in two
+steps (:class:`InFlight`, :func:`stop_in_two_steps`): stop accepting, let the requests in flight finish, then cut
+those still running when the drain time is up or when asked to (a second signal), so that their handlers still end,
+and record, before the app's cleanup runs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 
@@ -43,12 +43,14 @@ async def start_app(
     reuse_address: bool | None = None,
     client_header_timeout: float | None = None,
     reuse_port: bool | None = None,
+    door: Door | None = None,
 ) -> web.AppRunner:
     """Listen on ``host:port``; if that fails, nothing stays set up. ``shutdown_timeout``: how long ``cleanup()``
     lets in-flight handlers finish. ``handler_cancellation``: a client that disconnects cancels its handler at once.
     ``reuse_address``: None leaves the system's default. ``client_header_timeout``: seconds a client has to send a
     whole request head, from the moment it connects or from the first byte of its next request (None: no limit; a
-    number adds a middleware to ``app`` and serves it through :class:`_HeadTimedSite`). ``reuse_port``: SO_REUSEPORT."""
+    number adds a middleware to ``app`` and serves it through :class:`_HeadTimedSite`). ``reuse_port``: SO_REUSEPORT.
+    ``door``: a front door each new connection meets before aiohttp's protocol, which it hands connections to."""
     runner = web.AppRunner(
         app, handler_cancellation=handler_cancellation, shutdown_timeout=shutdown_timeout, access_log=None
     )
@@ -58,10 +60,10 @@ async def start_app(
     try:
         # a listen backlog of 1,024 (aiohttp's default is 128, nginx's 511): a burst of 1,024 new streams was reset
         listen: dict[str, Any] = {"reuse_address": reuse_address, "reuse_port": reuse_port, "backlog": 1024}
-        if client_header_timeout is None:
+        if client_header_timeout is None and door is None:
             await web.TCPSite(runner, host, port, **listen).start()
         else:
-            await _HeadTimedSite(runner, host, port, client_header_timeout, **listen).start()
+            await _HeadTimedSite(runner, host, port, client_header_timeout, door, **listen).start()
     except BaseException:
         await runner.cleanup()
         raise
@@ -98,7 +100,6 @@ def stop_signals(on_signal: Callable[[int], object]) -> Iterator[None]:
 
 
 # --- the request head's deadline ---------------------------------------------------------------------------------
-#
 # aiohttp times idle keep-alive connections (``keepalive_timeout``, from the connect only in its newest releases) and
 # nothing bounds a request head once begun: a client that trickles a header, or sends nothing, holds a connection
 # (and a file descriptor) for an hour. aiohttp has no hook where a head starts or ends, so each connection's protocol
@@ -194,15 +195,27 @@ async def _head_clock_middleware(
         clock.request_finished()
 
 
+class Door(Protocol):
+    """A front door of a server's own (:class:`specproxy.proxy.frontdoor.FastLane`): each new connection's protocol
+    first, which hands the connection to aiohttp's (``fallback()``) for what it does not serve itself. The stop
+    tells it to close idle connections and the others after their answer (``pre_shutdown``), then every one."""
+
+    def protocol(self, fallback: Callable[[], asyncio.Protocol]) -> asyncio.Protocol: ...
+    def pre_shutdown(self) -> None: ...
+    def close(self) -> None: ...
+
+
 class _HeadTimedSite(web.BaseSite):
-    """aiohttp's TCPSite, with each connection's protocol wrapped in a :class:`_HeadClock`."""
+    """aiohttp's TCPSite, each connection met first by ``door``, aiohttp's protocol wrapped in a :class:`_HeadClock`."""
 
-    __slots__ = ("_header_timeout", "_host", "_listen", "_port")
+    __slots__ = ("_header_timeout", "_host", "_listen", "_port", "door")
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, header_timeout: float, **listen: Any) -> None:
+    def __init__(
+        self, runner: web.AppRunner, host: str, port: int, timeout: float | None, door: Door | None, **listen: Any
+    ):
         super().__init__(runner)
         self._host, self._port = host, port
-        self._header_timeout, self._listen = header_timeout, listen  # reuse_address, reuse_port
+        self._header_timeout, self._listen, self.door = timeout, listen, door  # listen: reuse_address, _port
 
     @property
     def name(self) -> str:
@@ -214,32 +227,14 @@ class _HeadTimedSite(web.BaseSite):
         server, timeout = self._runner.server, self._header_timeout
         assert server is not None
 
-        def protocol() -> _HeadClock:
-            return _HeadClock(server(), loop, timeout)
+        def aiohttps() -> asyncio.Protocol:
+            return server() if timeout is None else _HeadClock(server(), loop, timeout)
+
+        def protocol() -> asyncio.Protocol:
+            return aiohttps() if self.door is None else self.door.protocol(aiohttps)
 
         # BaseSite's stop() and the runner's addresses read the listening server from _server, as for every site
         self._server = await loop.create_server(protocol, self._host, self._port, **self._listen)
-
-
-def origin_form(raw_target: str) -> str | None:
-    """The target to forward, byte for byte: an origin-form target (RFC 9112 3.2.1) as it is; an absolute-form one
-    (3.2.2, which a server must accept) without its scheme and authority, the rest untouched ("/" when its path is
-    empty, 3.2.1); None for the authority and asterisk forms (3.2.3, 3.2.4), which name no resource."""
-    if raw_target.startswith("/"):
-        return raw_target
-    scheme, sep, rest = raw_target.partition("://")
-    if not sep or scheme.lower() not in ("http", "https"):
-        return None
-    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
-    tail = rest[cut:]
-    return tail if tail.startswith("/") else "/" + tail
-
-
-def target_path(target: str) -> str:
-    """A target's path as records and rules see it: raw, without the query string (or a fragment a client should
-    not have sent), which may carry keys and is written nowhere."""
-    end = min((i for i in (target.find("?"), target.find("#")) if i >= 0), default=len(target))
-    return target[:end]
 
 
 @dataclass(eq=False)  # an exception keeps its identity hash
@@ -376,8 +371,11 @@ async def stop_in_two_steps(runner: web.AppRunner, in_flight: InFlight, drain_s:
     """Stop listening and close idle connections; let the requests in flight finish for up to ``drain_s`` (or until
     ``cut`` is asked for); cancel the rest (their handlers see :attr:`InFlight.cut_reason`); then run aiohttp's
     cleanup, which runs the app's (where records are written)."""
+    doors = [site.door for site in runner.sites if isinstance(site, _HeadTimedSite) and site.door is not None]
     for site in list(runner.sites):
         await site.stop()
+    for door in doors:
+        door.pre_shutdown()
     await asyncio.sleep(0)  # requests whose head arrived just before have started (as aiohttp's own cleanup does)
     if runner.server is not None:
         runner.server.pre_shutdown()  # connections close after their response
@@ -396,5 +394,7 @@ async def stop_in_two_steps(runner: web.AppRunner, in_flight: InFlight, drain_s:
         stopped = Stopped(await in_flight.cut(reason), reason, signum)
     else:
         in_flight.cut_reason = "the stop"  # a late request that aiohttp's cleanup cancels is cut by the stop too
+    for door in doors:
+        door.close()  # what is left open: cut, or a head that never ended
     await runner.cleanup()
     return stopped

@@ -74,6 +74,7 @@ UNIT_MODULES = frozenset(
         "test_matrix_results",
         "test_memtrace",
         "test_otlp_proto",
+        "test_plain",
         "test_proxy_events",
         "test_proxy_link",
         "test_proxy_supervisor_backoff",

@@ -8,26 +8,28 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from aiohttp.test_utils import TestServer
-
 from specproxy.core.record import read_records
 from specproxy.proxy.config import ProxyConfig
-from specproxy.proxy.server import RECORDER, ProxyHandle, build_app, start_proxy
+from specproxy.proxy.server import ProxyHandle, start_proxy
 from specproxy.recorder.recorder import Recorder, RecorderConfig
 
 
 class RunningProxy:
-    def __init__(self, server: TestServer, record: Path) -> None:
-        self.server = server
+    """A proxy started as ``specproxy proxy`` starts it (its front doors, the fast lane's and aiohttp's), its
+    bookkeeper on this loop; ``server.app`` is its app."""
+
+    def __init__(self, handle: ProxyHandle, record: Path) -> None:
+        self.handle = handle
+        self.server = handle.runner
         self.record = record
 
     @property
     def url(self) -> str:
-        return str(self.server.make_url("")).rstrip("/")
+        return self.handle.url
 
     @property
     def recorder(self) -> Recorder:
-        return self.server.app[RECORDER]  # type: ignore[index]
+        return self.handle.recorder
 
     async def flush(self) -> None:
         """Wait until no request is in flight and every record is written."""
@@ -54,12 +56,11 @@ async def running_proxy(
         record_path=str(record), metrics_url=upstream + "/metrics" if metrics else None, finalize_wait_s=3.0
     )
     cfg = ProxyConfig(upstream=upstream, port=0, recorder=replace(rcfg, **rec_over), **cfg_over)  # type: ignore[arg-type]
-    server = TestServer(build_app(cfg), host="127.0.0.1", port=0, handler_cancellation=True)
-    await server.start_server()
+    handle = await start_proxy(cfg)
     try:
-        yield RunningProxy(server, record)
+        yield RunningProxy(handle, record)
     finally:
-        await server.close()
+        await handle.close()
 
 
 @asynccontextmanager

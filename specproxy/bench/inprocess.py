@@ -29,7 +29,8 @@ from specproxy.core.request_body import Body
 from specproxy.proxy.bookkeeper import Bookkeeper
 from specproxy.proxy.config import ProxyConfig
 from specproxy.proxy.link import EventLink, Relayed
-from specproxy.proxy.server import client_sink, upstream_session
+from specproxy.proxy.relay import client_sink
+from specproxy.proxy.server import upstream_session
 from specproxy.proxy.upstream import Connection, Exchange, Pool
 from specproxy.recorder.recorder import RecorderConfig
 

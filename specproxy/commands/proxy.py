@@ -248,6 +248,12 @@ def register(app: typer.Typer) -> None:
             "64MB", "--record-buffer", help="Memory for records waiting for the disk; past it they are lost, counted."
         ),
         fail_closed: bool = typer.Option(False, "--fail-closed", help="Refuse traffic (503) when records fail."),
+        fast_lane: bool = typer.Option(
+            True,
+            "--fast-lane/--no-fast-lane",
+            help="Read plainly formed POSTs with the relay's own front door (less CPU per request); off: aiohttp's "
+            "server reads every request.",
+        ),
         workers: int | None = typer.Option(
             None,
             "--workers",
@@ -426,6 +432,7 @@ def register(app: typer.Typer) -> None:
             max_connections=max_connections,
             drain_timeout_s=drain_timeout,
             fail_closed=fail_closed,
+            fast_lane=fast_lane,
             client_header_timeout_s=client_header_timeout,
             client_body_timeout_s=client_body_timeout,
             slo=slo_spec,

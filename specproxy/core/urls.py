@@ -1,5 +1,5 @@
 """Which strings are base URLs of an HTTP server: one rule for every option that names one (``--upstream``,
-``--metrics-url``, ``--shadow``). Pure."""
+``--metrics-url``, ``--shadow``); and the forms of a request target a front door takes (RFC 9112 3.2). Pure."""
 
 from __future__ import annotations
 
@@ -17,3 +17,24 @@ def http_url(value: str) -> str | None:
     except ValueError:
         return None
     return value.rstrip("/") if ok else None
+
+
+def origin_form(raw_target: str) -> str | None:
+    """The target to forward, byte for byte: an origin-form target (RFC 9112 3.2.1) as it is; an absolute-form one
+    (3.2.2, which a server must accept) without its scheme and authority, the rest untouched ("/" when its path is
+    empty, 3.2.1); None for the authority and asterisk forms (3.2.3, 3.2.4), which name no resource."""
+    if raw_target.startswith("/"):
+        return raw_target
+    scheme, sep, rest = raw_target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return None
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    tail = rest[cut:]
+    return tail if tail.startswith("/") else "/" + tail
+
+
+def target_path(target: str) -> str:
+    """A target's path as records and rules see it: raw, without the query string (or a fragment a client should
+    not have sent), which may carry keys and is written nowhere."""
+    end = min((i for i in (target.find("?"), target.find("#")) if i >= 0), default=len(target))
+    return target[:end]

@@ -46,6 +46,7 @@ class ProxyConfig:
     speculative_schedule: Schedule | None = None  # --speculative-config: what the engine was told, checked per band
     shadow: ShadowConfig | None = None  # --shadow: a share of live requests also sent to candidates (proxy/shadow.py)
     workers: int = 0  # relay processes (0: one process, the bookkeeper on the relay's loop)
+    fast_lane: bool = True  # plain POSTs read by the relay's own front door (proxy/frontdoor.py); --no-fast-lane
     # The Authorization field for the upstream, for requests that bring none (SPECPROXY_UPSTREAM_CREDENTIALS or
     # --upstream-credentials-file; None: the user:password of the upstream's URL, if any). Never shown: not in repr.
     upstream_authorization: str | None = field(default=None, repr=False)

@@ -1,55 +1,44 @@
-"""The relay: every method and path forwarded, bodies byte-identical, streams relayed read by read.
+"""The relay's aiohttp front door, and the relay process: its app, its resources, its start and its stop.
 
-aiohttp serves the clients; requests go to the engine through the relay's own HTTP/1.1 client
-(:mod:`specproxy.proxy.upstream`), whose connection callback writes each read of a reply to the client
-(:func:`client_sink`).
+aiohttp serves the clients the fast lane (:mod:`specproxy.proxy.frontdoor`) hands it: every request but the plainly
+formed POST, which the fast lane relays itself. Either way a request goes through :func:`specproxy.proxy.relay.
+relay_request` (target, fields, upstream, stream, outcome); here is what aiohttp's side of it needs (:class:`
+_AiohttpFront`) and what only aiohttp's side does: bodies that come slowly or not at all, ``Expect:
+100-continue``, the proxy's own endpoints, malformed requests. A body over ``--max-body`` is refused before it is
+read, a body that stops coming gets 408, a head that never completes is closed (:mod:`specproxy.serving`).
+
 Bodies are relayed undecoded, so Content-Encoding and Content-Length stay true to the bytes sent; no total timeout
 (long generations), connect and idle-read timeouts instead; no connection cap by default. The server runs with
 handler cancellation on, so a client that disconnects cancels its handler at once, which closes the upstream
-connection: vLLM then aborts the request and frees the GPU, also during prefill before the first byte. A request
-whose pooled connection fails before any byte of an answer (the upstream closed it as it was reused) is sent once
-more on a new connection (:meth:`specproxy.proxy.upstream.Pool.request`).
+connection: vLLM then aborts the request and frees the GPU, also during prefill before the first byte.
+:meth:`ProxyHandle.close` stops in two steps; streams it cuts are recorded with outcome ``shutdown``.
 
-Byte for byte also for the request target (RFC 9112 3.2): ``request.raw_path`` is forwarded as sent (``_relay``
-puts it on the request line after the upstream's path), and recorded without its query string. The front door
-(:mod:`specproxy.serving`): a body over ``--max-body`` is refused before it is read, a body that stops coming gets
-408, a head that never completes is closed. :meth:`ProxyHandle.close` stops in two steps; streams it cuts are
-recorded with outcome ``shutdown``. Error texts, in records and in the proxy's own error responses, go through
-:func:`specproxy.core.errors.one_line`.
-
-The relay reads nothing of what it relays: per request it hands events to the bookkeeping
-(:class:`specproxy.proxy.link.EventLink`: the request, the response head, each read with the time it arrived, the
-outcome), which a bookkeeper interprets in another process (``--workers``) or on this loop (:func:`start_proxy`
-without a channel). The own endpoints are the bookkeeper's answers.
-
-One module: a relayed request's way through the proxy (target, body, upstream, stream, outcome) is one sequence of
-decisions about a single outcome and reads best top to bottom; what other servers share (listening, the limits of
-the front door, stopping) is in :mod:`specproxy.serving`.
+The bookkeeping runs in another process (``--workers``) or on this loop (:func:`start_proxy` without a channel).
+The own endpoints are the bookkeeper's answers.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
-import orjson
 from aiohttp import web
 from yarl import URL
 
 from specproxy.core.errors import one_line
-from specproxy.core.headers import CLIENT_KEEPALIVE_S, REQUEST_ID_HEADER, WORKLOAD_HEADER
+from specproxy.core.headers import CLIENT_KEEPALIVE_S, REQUEST_ID_HEADER
 from specproxy.core.request_body import Body
+from specproxy.core.urls import origin_form, target_path
 from specproxy.proxy.bookkeeper import Bookkeeper
-from specproxy.proxy.config import ProxyConfig, basic_authorization
-from specproxy.proxy.http1 import Head, list_elements
-from specproxy.proxy.link import EventLink, Relayed, header_names
-from specproxy.proxy.upstream import Exchange, Pool, Sink, UpstreamError, request_head
+from specproxy.proxy.config import ProxyConfig
+from specproxy.proxy.frontdoor import FastLane
+from specproxy.proxy.http1 import list_elements
+from specproxy.proxy.link import EventLink, header_names
+from specproxy.proxy.relay import CLOSED_BODY, Relay, Upstream, error_body, forward_fields, relay_request
+from specproxy.proxy.upstream import Pool
 from specproxy.recorder.recorder import Recorder
 from specproxy.server_log import quiet_bad_requests
 from specproxy.serving import (
@@ -60,34 +49,12 @@ from specproxy.serving import (
     base_url,
     close_after,
     declared_too_large,
-    origin_form,
     read_body,
     start_app,
     stop_in_two_steps,
-    target_path,
 )
 
 log = logging.getLogger("specproxy.proxy")
-
-# RFC 9110 7.6.1 hop-by-hop fields, plus the ones a proxy must recompute.
-HOP_BY_HOP = frozenset(
-    h.lower()
-    for h in (
-        "Connection",
-        "Keep-Alive",
-        "Proxy-Connection",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
-        "TE",
-        "Trailer",
-        "Transfer-Encoding",
-        "Upgrade",
-    )
-)
-# the body has been read already: an Expect: 100-continue is answered here, not passed on
-_REQ_DROP = HOP_BY_HOP | {"host", "content-length", "expect", WORKLOAD_HEADER.lower()}
-_RESP_DROP = HOP_BY_HOP | {"content-length"}
-_REQ_DROP_RAW = frozenset(h.encode() for h in _REQ_DROP)  # for the fields as the client sent them
 
 CONFIG = web.AppKey("config", ProxyConfig)
 RECORDER = web.AppKey("recorder", Recorder)  # only with the bookkeeper on this loop (library use, tests)
@@ -96,67 +63,56 @@ LINK = web.AppKey("link", EventLink)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 POOL = web.AppKey("pool", Pool)  # the relay's own connections to the upstream
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
-
-
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    """The upstream's base URL, taken apart once: requests go to ``host:port``, with ``authority`` as their Host,
-    ``prefix`` + the target as sent as their target (no requoting, no dot segments removed)."""
-
-    scheme: str
-    host: str
-    port: int
-    authority: str  # the Host field: the host, and the port unless it is the scheme's
-    prefix: str  # the base URL's path as written, without a trailing slash ("" for none)
-    hosts: tuple[str, ...]  # its host, as error texts must not show it
-    authorization: str | None = field(repr=False)  # --upstream-credentials-file or the URL's, for requests without
-
-    @property
-    def authorization_field(self) -> bytes | None:
-        """:attr:`authorization` as the bytes of a field value (as a client's field would have been sent)."""
-        a = self.authorization
-        return None if a is None else a.encode("utf-8", "surrogateescape")
-
-    @classmethod
-    def parse(cls, base: str, authorization: str | None = None) -> Upstream:
-        url = URL(base)
-        host = url.raw_host or ""
-        auth = authorization
-        if auth is None and url.user is not None:
-            auth = basic_authorization(url.user or "", url.password or "")
-        return cls(
-            url.scheme, host, url.port or 80, url.host_port_subcomponent or host, urlsplit(base).path.rstrip("/"),
-            (host, f"[{host}]"), auth,
-        )  # fmt: skip
-
-
 UPSTREAM = web.AppKey("upstream", Upstream)
+RELAY = web.AppKey("relay", Relay)
+FAST_LANE = web.AppKey("fast_lane", FastLane)  # with start_proxy and --fast-lane (the default)
 
 
-def _error_body(message: str, code: int, kind: str) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+class _AiohttpFront:
+    """A request as aiohttp's server took it, as :func:`specproxy.proxy.relay.relay_request` needs it; ``response``:
+    what the handler returns to aiohttp."""
 
+    __slots__ = ("_request", "_resp", "chunked", "method", "response")
 
-def _connection_tokens(headers: Any) -> set[str]:
-    # Fields named in Connection are hop-by-hop too (RFC 9110 7.6.1).
-    return set(list_elements(headers.getall("Connection", [])))
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self.method = request.method
+        self.response: web.StreamResponse | None = None
+        self._resp: web.StreamResponse | None = None
+        self.chunked = False
 
+    def get(self, name: str) -> str | None:
+        return self._request.headers.get(name)
 
-def _forward_request_fields(request: web.Request, authorization: bytes | None) -> list[tuple[bytes, bytes]]:
-    """The client's fields for the upstream, as the bytes it sent (aiohttp's ``raw_headers``: no decoding and
-    encoding back), without the hop-by-hop ones; ``authorization`` (the upstream's credentials) for a request that
-    brings none."""
-    tokens = _connection_tokens(request.headers) if "Connection" in request.headers else None
-    drop = _REQ_DROP_RAW | {t.encode("utf-8", "surrogateescape") for t in tokens} if tokens else _REQ_DROP_RAW
-    out = [(k, v) for k, v in request.raw_headers if k.lower() not in drop]
-    if authorization is not None and not any(k.lower() == b"authorization" for k, _ in out):
-        out.append((b"Authorization", authorization))
-    return out
+    def forward_fields(self, authorization: bytes | None) -> list[tuple[bytes, bytes]]:
+        headers = self._request.headers
+        tokens = list_elements(headers.getall("Connection", [])) if "Connection" in headers else []
+        return forward_fields(self._request.raw_headers, tokens, authorization)
 
+    def answer(self, status: int, body: bytes, rid: str | None) -> None:
+        self.response = _json_answer(status, body, rid)
 
-def _safe(request: web.Request, text: str) -> str:
-    """An error text fit for a record and for the client: one line, no raw bytes, no query string, no upstream host."""
-    return one_line(text, hosts=request.app[UPSTREAM].hosts)
+    async def start(self, status: int, reason: str, fields: list[tuple[str, str]], length: int | None) -> Any:
+        self.response = resp = web.StreamResponse(status=status, reason=reason or None)
+        resp.headers.extend(fields)
+        if length is not None:
+            resp.content_length = length
+        await resp.prepare(self._request)
+        self._resp = resp
+        self.chunked = resp.headers.get("Transfer-Encoding") == "chunked"  # set by aiohttp's prepare, as it frames it
+        return self._request.transport
+
+    async def drain(self) -> None:
+        await self._request.writer.drain()
+
+    async def end(self) -> None:
+        assert self._resp is not None
+        await self._resp.write_eof()
+
+    def abort(self) -> None:
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -176,42 +132,22 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
 
 async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResponse:
-    cfg = request.app[CONFIG]
-    link = request.app[LINK]
-    if cfg.fail_closed and not link.healthy:
-        return web.Response(
-            status=503,
-            body=_error_body("specproxy cannot write records (--fail-closed)", 503, "ServiceUnavailable"),
-            content_type="application/json",
-        )
+    r = request.app[RELAY]
+    if r.closed:
+        return _json_answer(503, CLOSED_BODY, None)
+    cfg = r.cfg
     try:
         body = _arrived_body(request, cfg.max_body_bytes)
         if body is None:
             body = await read_body(request, limit=cfg.max_body_bytes, idle_s=cfg.client_body_timeout_s)
     except Refused as refused:  # turned away before forwarding (413, 408): no upstream request, no record
-        link.refused(refused.status)
+        r.link.refused(refused.status)
         answer = _refusal(request, refused)
         return await close_after(request, answer) if refused.close_now else answer
-    # the body and the request's facts go to the bookkeeping as they are: parsing, rules and the rest happen there
-    relayed = link.begin(request.method, path, request.headers, request.headers.get(WORKLOAD_HEADER), body)
-    outcome: str = "proxy_error"
-    error: str | None = "unfinished"
-    try:
-        resp, outcome, error = await _relay(request, cfg, target, body, relayed)
-        return resp
-    except asyncio.CancelledError:
-        cut_by = request.app[IN_FLIGHT].cut_reason
-        if cut_by is not None:  # the proxy is stopping and cut this stream, not the client
-            outcome, error = "shutdown", f"cut by shutdown: {cut_by}"
-        else:
-            outcome, error = "client_cancelled", "client disconnected"
-        raise
-    except Exception as e:  # never let our own failure pass silently: record it, answer 502 if we still can
-        log.exception("relay failed")
-        outcome, error = "proxy_error", _safe(request, f"{type(e).__name__}: {e}")
-        raise
-    finally:
-        link.finish(relayed, outcome, error)
+    front = _AiohttpFront(request)
+    await relay_request(front, r, target, path, body)
+    assert front.response is not None
+    return front.response
 
 
 def _arrived_body(request: web.Request, limit: int) -> Body | None:
@@ -249,126 +185,17 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
     return None
 
 
-async def _relay(
-    request: web.Request, cfg: ProxyConfig, target: str, body: Body, relayed: Relayed
-) -> tuple[web.StreamResponse, str, str | None]:
-    up = request.app[UPSTREAM]
-    fields = _forward_request_fields(request, up.authorization_field)
-    head = request_head(request.method, up.prefix + target, up.authority, fields, body.size)
-
-    def resending(why: str) -> None:
-        relayed.retried = why
-
-    try:
-        ex = await request.app[POOL].request(request.method, head, body.pieces() if body.size else [], resending)
-    except UpstreamError as e:
-        reason = _safe(request, str(e))
-        if relayed.retried:
-            reason += " (sent twice: the first on a reused connection that failed before any answer)"
-        if e.kind in ("connect_timeout", "head_timeout"):
-            return _json_error(504, reason, "GatewayTimeout", relayed.request_id), "timeout", reason
-        return _json_error(502, reason, "BadGateway", relayed.request_id), "upstream_error", reason
-    try:
-        return await _relay_body(request, ex, relayed)
-    finally:
-        ex.abort()  # cut one still streaming (client gone, relay failed): the engine aborts it; else nothing
-
-
-async def _relay_body(
-    request: web.Request, ex: Exchange, relayed: Relayed
-) -> tuple[web.StreamResponse, str, str | None]:
-    link = request.app[LINK]
-    head = await ex.head()
-    content_type = _first(head, "Content-Type")
-    link.head(relayed, head.status, content_type, _first(head, "Content-Encoding"))
-    resp = web.StreamResponse(status=head.status, reason=head.reason or None)
-    connection = head.tokens("Connection")  # fields named in it are hop-by-hop too (RFC 9110 7.6.1)
-    drop = _RESP_DROP.union(connection) if connection else _RESP_DROP
-    for k, v in head.fields:
-        if k.lower() not in drop:
-            resp.headers.add(k, v)
-    resp.headers[REQUEST_ID_HEADER] = relayed.request_id
-    if content_type and content_type.split(";", 1)[0].strip().lower() == "text/event-stream":
-        resp.headers["X-Accel-Buffering"] = "no"
-        if "Cache-Control" not in resp.headers:
-            resp.headers["Cache-Control"] = "no-cache"
-    length = _first(head, "Content-Length")
-    if length is not None and not head.values("Transfer-Encoding") and length.isascii() and length.isdigit():
-        resp.content_length = int(length)  # the exact bytes are relayed undecoded: still true (HEAD: as sent)
-    await resp.prepare(request)
-    outcome, error = "ok", None
-    if head.status >= 400:
-        outcome, error = "upstream_error", f"HTTP {head.status}"
-    transport = request.transport
-    if transport is None:
-        return resp, "client_cancelled", "client disconnected"
-    try:
-        chunked = resp.headers.get("Transfer-Encoding") == "chunked"  # set by aiohttp's prepare, as it frames it
-        await ex.relay(client_sink(transport, chunked, link, relayed), request.writer.drain)
-    except ConnectionResetError:
-        return resp, "client_cancelled", "client disconnected"
-    if ex.outcome != "ok":  # the upstream broke mid-response or went quiet: the client must see the break
-        _abort_client(request)
-        return resp, ex.outcome, _safe(request, ex.error or ex.outcome)
-    try:
-        await resp.write_eof()
-    except ConnectionResetError:
-        return resp, "client_cancelled", "client disconnected"
-    return resp, outcome, error
-
-
-def _first(head: Head, name: str) -> str | None:
-    values = head.values(name)
-    return values[0] if values else None
-
-
-def client_sink(transport: Any, chunked: bool, link: EventLink, relayed: Relayed) -> Sink:
-    """What the upstream connection does with each read of a reply's body, in its own callback: the bytes to the
-    client first (framed as the client's response is), then the event to the bookkeeping; True when the client's
-    buffer is full."""
-    high = transport.get_write_buffer_limits()[1]
-    perf = time.perf_counter_ns
-    chunk = link.chunk
-
-    def sink(t: int, data: bytes) -> bool:
-        if transport.is_closing():
-            return False  # the client left: its handler is being cancelled, which cuts the upstream
-        if not chunked:
-            transport.write(data)
-        elif len(data) < 16384:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
-        b = perf()
-        try:
-            chunk(relayed, t, data)  # appends an event, or sheds it: never waits
-        except Exception:  # a bug of ours: the stream goes on, the record says its events are incomplete
-            log.exception("appending a chunk event failed")
-            relayed.shed = True
-        # what recording adds to relaying this read (the write itself is what any proxy pays)
-        ns = perf() - b
-        relayed.ov_ns += ns
-        relayed.ov_n += 1
-        if ns > relayed.ov_max:
-            relayed.ov_max = ns
-        return bool(transport.get_write_buffer_size() > high)
-
-    return sink
-
-
-def _abort_client(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
-
-
-def _json_error(status: int, message: str, kind: str, rid: str | None = None) -> web.Response:
+def _json_answer(status: int, body: bytes, rid: str | None) -> web.Response:
     return web.Response(
         status=status,
-        body=_error_body(message, status, kind),
+        body=body,
         content_type="application/json",
         headers={REQUEST_ID_HEADER: rid} if rid is not None else None,
     )
+
+
+def _json_error(status: int, message: str, kind: str, rid: str | None = None) -> web.Response:
+    return _json_answer(status, error_body(message, status, kind), rid)
 
 
 async def own_endpoint(request: web.Request, path: str) -> web.Response:
@@ -390,13 +217,14 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
     app = web.Application(client_max_size=cfg.max_body_bytes, handler_args={"max_field_size": 65536})
     app[CONFIG] = cfg
     app[UPSTREAM] = Upstream.parse(cfg.upstream, cfg.upstream_authorization)
-    app[IN_FLIGHT] = InFlight()
+    app[IN_FLIGHT] = in_flight = InFlight()
     app[LINK] = link = EventLink(
         soft_bytes=cfg.bookkeeping_buffer_bytes,
         hard_bytes=2 * cfg.bookkeeping_buffer_bytes,
         capture_max_bytes=cfg.recorder.capture_max_bytes,
         header_names=header_names((r.header_name for r in cfg.rules if r.header_name), trace=cfg.otlp is not None),
     )
+    app[RELAY] = relay = Relay(cfg, app[UPSTREAM], link, in_flight)
 
     async def resources(app: web.Application) -> Any:
         session = upstream_session(cfg)
@@ -406,6 +234,7 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
             up.scheme, up.host, up.port, connect_timeout_s=cfg.connect_timeout_s, idle_timeout_s=cfg.idle_timeout_s,
             limit=cfg.max_connections,
         )  # fmt: skip
+        relay.pool = pool
         keeper: Bookkeeper | None = None
         try:
             if channel is None:
@@ -493,8 +322,12 @@ async def start_proxy(
 ) -> ProxyHandle:
     """A relay listening on ``cfg.host:cfg.port``, its bookkeeper on this loop, or behind ``channel`` (a Unix socket
     to a bookkeeper process); ``reuse_port``: one of several relay processes on the port."""
+    app = build_app(cfg, channel)
+    lane = None
+    if cfg.fast_lane:
+        app[FAST_LANE] = lane = FastLane(app[RELAY])
     runner = await start_app(
-        build_app(cfg, channel),
+        app,
         cfg.host,
         cfg.port,
         shutdown_timeout=1.0,  # aiohttp's own wait, for stragglers only: ProxyHandle.close has drained and cut
@@ -502,5 +335,6 @@ async def start_proxy(
         reuse_address=True,  # a restarted proxy takes its port back at once, despite connections in TIME_WAIT
         client_header_timeout=cfg.client_header_timeout_s,
         reuse_port=reuse_port or None,
+        door=lane,
     )
     return ProxyHandle(base_url(runner), runner)
