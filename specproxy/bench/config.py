@@ -28,6 +28,7 @@ class BenchConfig:
     hostile_streams: int = 64
     floors: bool = False  # also the two reference relays of bench/floors.py (uvloop TCP splice, aiohttp pass-through)
     # and the splice in as many processes as each --workers row beyond 1 (how far the least a relay can do scales)
+    aiohttp_door: bool = False  # also specproxy --workers 1 --no-fast-lane (every request read by aiohttp's server)
 
 
 @dataclass(frozen=True, slots=True)

@@ -231,6 +231,8 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
     variants: list[tuple[str, list[str], int | None]]
     if await proxy_has_workers():
         variants = [(f"specproxy --workers {n}", ["--workers", str(n)], n) for n in worker_rows(cfg)]
+        if cfg.aiohttp_door:
+            variants.append(("specproxy --workers 1 --no-fast-lane", ["--workers", "1", "--no-fast-lane"], 1))
     else:
         variants = [("specproxy", [], None)]
         notes.append(

@@ -82,6 +82,11 @@ def register(app: typer.Typer) -> None:
         floors: bool = typer.Option(
             False, "--floors", help="Add two reference relays: a uvloop TCP splice and an aiohttp pass-through."
         ),
+        aiohttp_door: bool = typer.Option(
+            False,
+            "--aiohttp-door",
+            help="Add the row specproxy --workers 1 --no-fast-lane: every request read by aiohttp's server.",
+        ),
         observer: bool = typer.Option(
             False,
             "--observer",
@@ -150,6 +155,7 @@ def register(app: typer.Typer) -> None:
             use_nginx=not no_nginx,
             hostile_streams=hostile_streams,
             floors=floors,
+            aiohttp_door=aiohttp_door,
         )
         from specproxy.bench.procs import StartError
 
