@@ -134,11 +134,13 @@ def _bench(*args: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.slow
 def test_bench_side_by_side_at_a_tiny_scale() -> None:
     r = _bench("--streams", "3", "--tokens", "8", "--steps-per-s", "50", "--saturation-streams", "2",
-               "--saturation-tokens", "200", "--workers", "2", "--floors")  # fmt: skip
+               "--saturation-tokens", "200", "--workers", "2", "--floors", "--aiohttp-door")  # fmt: skip
     (level,) = r["levels"]
     assert level["streams"] == 3
     names = [row["relay"] for row in level["rows"]]
     assert names[0] == "direct" and any(n.startswith("specproxy") for n in names)
+    if "specproxy --workers 1" in names:  # and beside it, every request read by aiohttp's server
+        assert names.index("specproxy --workers 1 --no-fast-lane") > names.index("specproxy --workers 2")
     if nginx_path() is not None:
         assert any(n.startswith("nginx") for n in names)
     else:
@@ -250,3 +252,23 @@ async def test_the_in_process_measure_runs_the_real_per_event_paths() -> None:
     got = await measure(2000)
     assert all(0 < v < 10_000 for v in got.values()), got
     assert got["relay_us_per_event_100_per_read"] < got["relay_us_per_read_1_event"], got
+
+
+def test_the_front_doors_bench_measures_each_door() -> None:
+    """`python -m specproxy.bench.doors` at a tiny scale: a row per door and the splice, TTFT from every burst, CPU
+    per request of each relay process and each bookkeeper; bad arguments are one line and exit 2."""
+    args = ["--streams", "4", "--tokens", "2", "--rounds", "2", "--gap", "0.2", "--format", "json"]
+    out = subprocess.run([sys.executable, "-m", "specproxy.bench.doors", *args], capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    doc = json.loads(out.stdout)
+    rows = {r["relay"]: r for r in doc["rows"]}
+    assert list(rows) == [
+        "direct", "specproxy --workers 1", "specproxy --workers 1 --no-fast-lane", "floor: uvloop TCP splice",
+    ]  # fmt: skip
+    assert all(r["ttft_p50_ms"] > 0 for r in rows.values()) and rows["direct"]["ttft_added_ms"] is None
+    for name in ("specproxy --workers 1", "specproxy --workers 1 --no-fast-lane"):
+        assert rows[name]["relay_ms_per_request"] > 0 and rows[name]["bookkeeping_ms_per_request"] > 0
+    assert rows["floor: uvloop TCP splice"]["relay_ms_per_request"] > 0
+    assert rows["floor: uvloop TCP splice"]["bookkeeping_ms_per_request"] is None
+    bad = subprocess.run([sys.executable, "-m", "specproxy.bench.doors", "--rounds", "1"], capture_output=True)
+    assert bad.returncode == 2 and b"Traceback" not in bad.stderr and b"--rounds" in bad.stderr

@@ -21,6 +21,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), *(line(r) for r in rows)]
 
 
+def _per_request(r: dict[str, Any], per_1000_key: str) -> float | None:
+    """A figure per 1,000 events of a phase as milliseconds per request (stream)."""
+    v = r.get(per_1000_key)
+    return None if v is None or not r["streams"] else v * r["events"] / 1000 / r["streams"]
+
+
 def _counts(row: dict[str, Any]) -> str:
     bad = sum(row["errors"].values()) + sum(v for k, v in row["statuses"].items() if k != "200")
     return f"{row['events']}/{row['expected']}" + (f" ({bad} failed)" if bad else "")
@@ -180,13 +186,18 @@ def render_levels(result: dict[str, Any]) -> str:
                 _f(r.get("ttft_added_p99_ms"), signed=True) if r["relay"] != "direct" else "",
                 _f(r.get("added_p50_ms"), "{:.3f}", True) if r["relay"] != "direct" else "",
                 _f(r.get("added_p99_ms"), "{:.3f}", True) if r["relay"] != "direct" else "",
+                _f(_per_request(r, "cpu_ms_per_1000"), "{:.3f}"),
+                _f(_per_request(r, "relay_only_cpu_ms_per_1000"), "{:.3f}"),
+                _f(_per_request(r, "bookkeeping_cpu_ms_per_1000"), "{:.3f}"),
             ]
             for r in burst
         ]
+        header = ["", "events", "TTFT p50", "TTFT p99", "TTFT added", "added p99", "event added p50", "p99"]
         out += [
             "",
-            f"burst: {burst[0]['streams']} streams started at once, {result['config']['burst_tokens']} events each",
-            *_table(["", "events", "TTFT p50", "TTFT p99", "TTFT added", "added p99", "event added p50", "p99"], rows),
+            f"burst: {burst[0]['streams']} streams started at once, {result['config']['burst_tokens']} events each;"
+            " CPU ms per request: the relay's whole process tree, its relay processes, its bookkeeping",
+            *_table([*header, "CPU/req", "relay/req", "bookkeeping/req"], rows),
         ]
     sat = result["saturation"]
     if sat:
