@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specproxy.core.record import read_records
-from specproxy.proxy.server import FAST_LANE, ProxyHandle
+from specproxy.proxy.server import ProxyHandle
 from tests.proxyutil import started_proxy
 from tests.upstreams import Script, start_raw_upstream, start_upstream
 
@@ -38,9 +38,8 @@ async def _exchange(px: ProxyHandle, data: bytes, within_s: float = 10.0) -> byt
 
 
 def _served(px: ProxyHandle) -> int:
-    """Requests the fast lane relayed (0 without it)."""
-    lane = px.runner.app.get(FAST_LANE)
-    return 0 if lane is None else lane.served
+    """Requests the fast lane read."""
+    return px.link.fast_lane
 
 
 def _masked(answer: bytes) -> bytes:
@@ -82,11 +81,10 @@ async def test_a_connection_moves_to_aiohttp_and_goes_on(tmp_path: Path) -> None
     up = await start_raw_upstream()
     try:
         async with started_proxy(up.url, tmp_path) as px:
-            lane = px.runner.app[FAST_LANE]
             # the fast lane's POST, then a GET it leaves to aiohttp, then a POST aiohttp now reads too
             data = _post() + b"GET /specproxy/status HTTP/1.1\r\nHost: proxy\r\n\r\n" + _post(close=True)
             answer = await _exchange(px, data)
-            assert (lane.served, lane.handed) == (1, 1)
+            assert (px.link.fast_lane, px.link.handed) == (1, 1)
         first, status, last = answer.split(b"HTTP/1.1 200 OK\r\n")[1:]
         assert first.endswith(b"\r\n\r\nok") and last.endswith(b"\r\n\r\nok")
         assert b"Content-Type: application/json" in status  # the proxy's own status, answered in between
@@ -103,7 +101,7 @@ async def test_pipelined_posts_are_answered_in_order(tmp_path: Path) -> None:
         async with started_proxy(up.url, tmp_path) as px:
             data = _post("/v1/a") + _post("/v1/b") + _post("/v1/c", close=True)
             answer = await _exchange(px, data)
-            assert px.runner.app[FAST_LANE].served == 3
+            assert _served(px) == 3
     finally:
         await up.server.close()
     bodies = [part.rsplit(b"\r\n\r\n", 1)[1] for part in answer.split(b"HTTP/1.1 ")[1:]]
@@ -129,7 +127,7 @@ async def test_a_body_that_comes_after_its_head(tmp_path: Path) -> None:
                     answer = await reader.read(-1)
             finally:
                 writer.close()
-            assert px.runner.app[FAST_LANE].served == 1
+            assert _served(px) == 1
     finally:
         await up.close()
     assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"ok")

@@ -92,8 +92,11 @@ async def test_two_relays_one_port_every_record_and_acceptance_close_to_truth(tm
                     return rid
 
             ids = await asyncio.gather(*(one(w, p) for w, p in plan))
-            served = [r["requests"] for r in (await _status(s, url))["bookkeeping"]["per_relay"]]
+            after = (await _status(s, url))["bookkeeping"]
+            served = [r["requests"] for r in after["per_relay"]]
             assert len(served) == 2 and all(n > 0 for n in served) and sum(served) >= 240  # + the status queries
+            assert after["fast_lane_requests"] >= 240  # aiohttp's client sends plain POSTs: the fast lane read them
+            assert after["handed_to_aiohttp"] >= 1  # the status queries' connection (a GET) went to aiohttp
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), 30) == 0
         assert not any(_alive(p) for p in pids)

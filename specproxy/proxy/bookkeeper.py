@@ -341,6 +341,9 @@ class Bookkeeper:
             "relay_pids": sorted(int(s["pid"]) for s in live if "pid" in s),  # the relays alive now
             "restarts": {"bookkeeper": 0, "relay": 0, **self.restarts},
             "relay_in_flight": sum(int(s.get("in_flight", 0)) for s in relays),
+            # requests the relays' fast lane read, and connections it handed to aiohttp (proxy/frontdoor.py)
+            "fast_lane_requests": sum(int(s.get("fast_lane", 0)) for s in relays),
+            "handed_to_aiohttp": sum(int(s.get("handed", 0)) for s in relays),
             "shed": shed,
             "shed_requests": sum(int(s.get("shed_requests", 0)) for s in relays),
             "lost_records": sum(int(s.get("lost_records", 0)) for s in relays),

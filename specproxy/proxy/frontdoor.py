@@ -50,8 +50,6 @@ class FastLane:
         self.max_body = cfg.max_body_bytes
         self.doors: set[FastDoor] = set()
         self.closing = False
-        self.served = 0  # requests the fast lane relayed
-        self.handed = 0  # connections it handed to aiohttp
 
     def protocol(self, fallback: Callable[[], asyncio.Protocol]) -> FastDoor:
         """A new connection's protocol; ``fallback`` makes aiohttp's, for a connection handed to it."""
@@ -162,7 +160,7 @@ class FastDoor(asyncio.Protocol):
         self._wait("", None)
         body = Body([bytes(buf[req.head_len : req.size])]) if req.length else Body()
         del buf[: req.size]
-        self._lane.served += 1
+        self._lane.relay.link.fast_lane += 1
         self._task = self._loop.create_task(self._serve(req, body))
 
     def _hand_off(self) -> None:
@@ -170,7 +168,7 @@ class FastDoor(asyncio.Protocol):
         transport, data = self.transport, bytes(self._buf)
         self._buf.clear()
         self._lane.doors.discard(self)
-        self._lane.handed += 1
+        self._lane.relay.link.handed += 1
         self._wait("", None)
         protocol = self._fallback()
         transport.set_protocol(protocol)

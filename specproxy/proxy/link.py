@@ -134,6 +134,8 @@ class EventLink:
         self.healthy = True  # the bookkeeper can write records (its sink said so last)
         self.in_flight = 0
         self.requests = 0
+        self.fast_lane = 0  # requests the fast lane read (proxy/frontdoor.py)
+        self.handed = 0  # connections it handed to aiohttp's server
         self.shed = {"chunk": 0, "body": 0}
         self.shed_requests = 0
         self.lost = 0
@@ -367,6 +369,8 @@ class EventLink:
             "pid": os.getpid(),
             "in_flight": self.in_flight,
             "requests": self.requests,
+            "fast_lane": self.fast_lane,
+            "handed": self.handed,
             "shed": dict(self.shed),
             "shed_requests": self.shed_requests,
             "lost_records": self.lost,

@@ -65,7 +65,6 @@ POOL = web.AppKey("pool", Pool)  # the relay's own connections to the upstream
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
 UPSTREAM = web.AppKey("upstream", Upstream)
 RELAY = web.AppKey("relay", Relay)
-FAST_LANE = web.AppKey("fast_lane", FastLane)  # with start_proxy and --fast-lane (the default)
 
 
 class _AiohttpFront:
@@ -323,9 +322,6 @@ async def start_proxy(
     """A relay listening on ``cfg.host:cfg.port``, its bookkeeper on this loop, or behind ``channel`` (a Unix socket
     to a bookkeeper process); ``reuse_port``: one of several relay processes on the port."""
     app = build_app(cfg, channel)
-    lane = None
-    if cfg.fast_lane:
-        app[FAST_LANE] = lane = FastLane(app[RELAY])
     runner = await start_app(
         app,
         cfg.host,
@@ -335,6 +331,6 @@ async def start_proxy(
         reuse_address=True,  # a restarted proxy takes its port back at once, despite connections in TIME_WAIT
         client_header_timeout=cfg.client_header_timeout_s,
         reuse_port=reuse_port or None,
-        door=lane,
+        door=FastLane(app[RELAY]) if cfg.fast_lane else None,
     )
     return ProxyHandle(base_url(runner), runner)
