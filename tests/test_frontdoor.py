@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from pathlib import Path
 
@@ -61,14 +62,18 @@ REPLIES = {
 }
 
 
+GET_MODELS = b"GET /v1/models?x=%2F HTTP/1.1\r\nHost: proxy\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
 @pytest.mark.parametrize("reply", list(REPLIES), ids=list(REPLIES))
-async def test_both_front_doors_send_the_same_bytes(tmp_path: Path, reply: str) -> None:
+async def test_both_front_doors_send_the_same_bytes(tmp_path: Path, reply: str, method: str) -> None:
     up = await start_raw_upstream(REPLIES[reply])
     answers = {}
     try:
         for fast in (True, False):
             async with started_proxy(up.url, tmp_path / str(fast), fast_lane=fast) as px:
-                answers[fast] = await _exchange(px, _post(close=True))
+                answers[fast] = await _exchange(px, _post(close=True) if method == "POST" else GET_MODELS)
                 assert _served(px) == (1 if fast else 0)
     finally:
         await up.close()
@@ -77,17 +82,38 @@ async def test_both_front_doors_send_the_same_bytes(tmp_path: Path, reply: str) 
     assert up.heads[0] == up.heads[1]  # what went upstream is the same too
 
 
+async def test_the_own_endpoints_through_either_door(tmp_path: Path) -> None:
+    up = await start_raw_upstream()
+    heads = {}
+    try:
+        for fast in (True, False):
+            async with started_proxy(up.url, tmp_path / str(fast), fast_lane=fast) as px:
+                for path in (b"/specproxy/status", b"/specproxy/metrics"):
+                    get = b"GET %b HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n" % path
+                    head, _, body = (await _exchange(px, get)).partition(b"\r\n\r\n")
+                    heads[fast, path] = re.sub(rb"\r\nContent-Length: \d+", b"", _masked(head))
+                    assert int(re.findall(rb"Content-Length: (\d+)", head)[0]) == len(body) > 0
+                    if path.endswith(b"status"):
+                        assert "bookkeeping" in json.loads(body)
+                assert _served(px) == (2 if fast else 0)
+    finally:
+        await up.close()
+    assert up.heads == []  # answered by the proxy, not relayed
+    for path in (b"/specproxy/status", b"/specproxy/metrics"):
+        assert heads[True, path] == heads[False, path] and heads[True, path].startswith(b"HTTP/1.1 200 OK\r\n")
+
+
 async def test_a_connection_moves_to_aiohttp_and_goes_on(tmp_path: Path) -> None:
     up = await start_raw_upstream()
     try:
         async with started_proxy(up.url, tmp_path) as px:
-            # the fast lane's POST, then a GET it leaves to aiohttp, then a POST aiohttp now reads too
-            data = _post() + b"GET /specproxy/status HTTP/1.1\r\nHost: proxy\r\n\r\n" + _post(close=True)
+            # the fast lane's POST, then a HEAD it leaves to aiohttp, then a POST aiohttp now reads too
+            data = _post() + b"HEAD /specproxy/status HTTP/1.1\r\nHost: proxy\r\n\r\n" + _post(close=True)
             answer = await _exchange(px, data)
             assert (px.link.fast_lane, px.link.handed) == (1, 1)
         first, status, last = answer.split(b"HTTP/1.1 200 OK\r\n")[1:]
         assert first.endswith(b"\r\n\r\nok") and last.endswith(b"\r\n\r\nok")
-        assert b"Content-Type: application/json" in status  # the proxy's own status, answered in between
+        assert b"Content-Type: application/json" in status and status.endswith(b"\r\n\r\n")  # HEAD: no body
         assert up.lines == [b"POST /v1/chat/completions HTTP/1.1"] * 2
     finally:
         await up.close()

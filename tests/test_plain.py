@@ -23,7 +23,7 @@ def _taken(data: bytes, max_body: int = 1 << 30) -> PlainRequest:
 
 def test_a_plain_post_is_taken_with_its_fields_as_sent() -> None:
     req = _taken(PLAIN + b"POST /next")  # a pipelined request after it does not change this one
-    assert req.target == "/v1/chat/completions?key=1" and req.path == "/v1/chat/completions"
+    assert req.method == "POST" and req.target == "/v1/chat/completions?key=1" and req.path == "/v1/chat/completions"
     assert req.fields == [
         (b"Host", b"proxy:8080"),
         (b"Content-Type", b"application/json"),
@@ -33,6 +33,12 @@ def test_a_plain_post_is_taken_with_its_fields_as_sent() -> None:
     assert req.length == len(BODY) and req.size == len(PLAIN) and PLAIN[req.head_len :] == BODY
     assert req.get("x-specproxy-workload") == "code" and req.get("authorization") is None
     assert not req.close and req.connection == []
+
+
+def test_a_get_without_a_body_is_taken() -> None:
+    req = _taken(b"GET /specproxy/status?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert (req.method, req.path, req.length) == ("GET", "/specproxy/status", 0)
+    assert _taken(b"GET / HTTP/1.1\r\n\r\n").method == "GET"
 
 
 def test_connection_close_and_its_tokens() -> None:
@@ -48,8 +54,9 @@ def test_an_incomplete_head_waits_for_more(cut: int) -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",  # a GET with a body
         b"HEAD / HTTP/1.1\r\n\r\n",
+        b"PUT / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
         b"post / HTTP/1.1\r\n\r\n",
         b"POST / HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}",
         b"POST http://x/v1/completions HTTP/1.1\r\n\r\n",  # absolute form

@@ -251,8 +251,8 @@ def register(app: typer.Typer) -> None:
         fast_lane: bool = typer.Option(
             True,
             "--fast-lane/--no-fast-lane",
-            help="Read plainly formed POSTs with the relay's own front door (less CPU per request); off: aiohttp's "
-            "server reads every request.",
+            help="Read plainly formed POSTs and GETs with the relay's own front door (less CPU per request); off: "
+            "aiohttp's server reads every request.",
         ),
         workers: int | None = typer.Option(
             None,

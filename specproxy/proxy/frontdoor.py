@@ -3,22 +3,25 @@
 Under a burst of new streams most of a relay's CPU per request was aiohttp's server (its protocol, parser, request
 and response objects, router and middleware): about twice what specproxy's own work per request cost. An inference
 request is nearly always the same plain thing: ``POST /v1/... HTTP/1.1``, a Content-Length, a small JSON body that
-comes with its head. The fast lane reads such a request itself (:mod:`specproxy.proxy.plain`), relays it through the
-same flow as every other (:func:`specproxy.proxy.relay.relay_request`) and writes the answer's head itself, framed
-as aiohttp frames it.
+comes with its head; beside it clients send plain GETs (``/health``, ``/v1/models``, the proxy's own status). The
+fast lane reads such a request itself (:mod:`specproxy.proxy.plain`), relays it through the same flow as every other
+(:func:`specproxy.proxy.relay.relay_request`), or answers the proxy's own endpoints as aiohttp's door does, and
+writes the answer's head itself, framed as aiohttp frames it.
 
 Anything else is aiohttp's, whole: the connection is handed to aiohttp's protocol with every byte of the request
 received so far (:meth:`FastDoor._hand_off`), before a byte of it was acted on, and stays with aiohttp. That is any
-method but POST, any HTTP version but 1.1, a target that is not a plain origin-form path, Transfer-Encoding,
-Expect, Upgrade, a body over :data:`FAST_BODY_MAX` or over ``--max-body``, a head over :data:`MAX_HEAD` or with
-anything a strict reader would refuse or could read two ways (a bare CR or LF, obs-fold, whitespace before a colon,
-a control character, two Content-Lengths). So the fast lane needs no error answers of its own: what it cannot read
-plainly, aiohttp reads, refuses and logs as it always did.
+method but POST and GET (a GET with a body too), any HTTP version but 1.1, a target that is not a plain origin-form
+path, Transfer-Encoding, Expect, Upgrade, a body over :data:`~specproxy.proxy.plain.FAST_BODY_MAX` or over
+``--max-body``, a head over :data:`~specproxy.proxy.plain.MAX_HEAD` or with anything a strict reader would refuse or
+could read two ways (a bare CR or LF, obs-fold, whitespace before a colon, a control character, two
+Content-Lengths). So the fast lane needs no error answers of its own but one: what it cannot read plainly, aiohttp
+reads, refuses and logs as it always did.
 
 What the fast lane keeps of aiohttp's behaviour: the head's deadline (closed unanswered, as
-:class:`specproxy.serving._HeadClock` does), the body's idle deadline (408), keep-alive and pipelined requests,
-handler cancellation when the client leaves, the stop in two steps (:meth:`FastLane.pre_shutdown`), and the fields
-aiohttp adds to an answer (Date, Server, Content-Type for a body without one, Connection: close).
+:class:`specproxy.serving._HeadClock` does), the body's idle deadline (408, its one error answer), keep-alive and
+pipelined requests, handler cancellation when the client leaves, the stop in two steps
+(:meth:`FastLane.pre_shutdown`), and the fields aiohttp adds to an answer (Date, Server, Content-Type for a body
+without one, Connection: close).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 from specproxy.core.headers import REQUEST_ID_HEADER
 from specproxy.core.request_body import Body
 from specproxy.proxy.plain import NEED_MORE, PlainRequest, answer_head, parse_request
-from specproxy.proxy.relay import CLOSED_BODY, Relay, error_body, forward_fields, relay_request
+from specproxy.proxy.relay import CLOSED_BODY, OWN_PATHS, Relay, error_body, forward_fields, relay_request
 
 log = logging.getLogger("specproxy.proxy")
 
@@ -206,25 +209,34 @@ class FastDoor(asyncio.Protocol):
     async def _serve(self, req: PlainRequest, body: Body) -> None:
         r = self._lane.relay
         front = _FastFront(self, req)
+        try:
+            if req.method == "GET" and req.path in OWN_PATHS:  # the bookkeeper's answer, as aiohttp's door gives it
+                status, content_type, answer = await r.link.query(req.path)
+                front.whole(status, [("Content-Type", content_type)], answer)
+            else:
+                await self._relay(front, r, req, body)
+        except asyncio.CancelledError:
+            front.abort()
+            raise
+        except Exception:  # logged (and recorded) where it failed: answer 500 if nothing was sent yet, else cut
+            if front.started or self.transport is None:
+                front.abort()
+            else:
+                front.keep = False
+                front.answer(500, error_body("specproxy failed to relay the request", 500, "InternalError"), None)
+        finally:
+            self._task = None
+            self._done(front.keep)
+
+    async def _relay(self, front: _FastFront, r: Relay, req: PlainRequest, body: Body) -> None:
         task = r.in_flight.enter()
         try:
             if r.closed:
                 front.answer(503, CLOSED_BODY, None)
             else:
                 await relay_request(front, r, req.target, req.path, body)
-        except asyncio.CancelledError:
-            front.abort()
-            raise
-        except Exception:  # recorded and logged by relay_request: answer 500 if nothing was sent yet, else cut
-            if front.started or self.transport is None:
-                front.abort()
-            else:
-                front.answer(500, error_body("specproxy failed to relay the request", 500, "InternalError"), None)
-                front.keep = False
         finally:
             r.in_flight.leave(task)
-            self._task = None
-            self._done(front.keep)
 
     def _done(self, keep: bool) -> None:
         transport = self.transport
@@ -264,12 +276,16 @@ class _FastFront:
         return not self.keep or self._door._lane.closing
 
     def answer(self, status: int, body: bytes, rid: str | None) -> None:
-        transport = self._door.transport
-        if transport is None or transport.is_closing():
-            return
         fields = [("Content-Type", "application/json")]
         if rid is not None:
             fields.append((REQUEST_ID_HEADER, rid))
+        self.whole(status, fields, body)
+
+    def whole(self, status: int, fields: list[tuple[str, str]], body: bytes) -> None:
+        """A whole answer of the proxy's own."""
+        transport = self._door.transport
+        if transport is None or transport.is_closing():
+            return
         self.started = True
         transport.write(answer_head(status, "", fields, len(body), close=self._close()) + body)
 

@@ -1,12 +1,13 @@
 """The plain request, which the fast lane (:mod:`specproxy.proxy.frontdoor`) reads itself, and the heads of the answers
 it writes. Pure: bytes in, facts out.
 
-Plain is strict: ``POST`` of an origin-form target in printable ASCII, HTTP/1.1, every line ended by CRLF, field
-names that are tokens with the colon right after them, no control character but tab in a value, one Content-Length
-of digits at most (none: no body), no Transfer-Encoding, Expect or Upgrade, the head within :data:`MAX_HEAD` and
-:data:`MAX_FIELDS`, the body within :data:`FAST_BODY_MAX` and ``--max-body``. Anything else is not read here at all:
-:func:`parse_request` says None and aiohttp reads it, as it reads every request without the fast lane. An answer's
-head (:func:`answer_head`) is what aiohttp writes for the same response to an HTTP/1.1 request.
+Plain is strict: ``POST``, or ``GET`` without a body, of an origin-form target in printable ASCII, HTTP/1.1, every
+line ended by CRLF, field names that are tokens with the colon right after them, no control character but tab in a
+value, one Content-Length of digits at most (none: no body), no Transfer-Encoding, Expect or Upgrade, the head within
+:data:`MAX_HEAD` and :data:`MAX_FIELDS`, the body within :data:`FAST_BODY_MAX` and ``--max-body``. Anything else is
+not read here at all: :func:`parse_request` says None and aiohttp reads it, as it reads every request without the
+fast lane. An answer's head (:func:`answer_head`) is what aiohttp writes for the same response to an HTTP/1.1
+request.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ MAX_FIELDS = 100
 FAST_BODY_MAX = 1 << 20  # a larger body is aiohttp's: it is read in pieces, never copied into one
 NEED_MORE = 0  # parse_request: the head is not whole yet
 
-_LINE = re.compile(rb"POST (/[!-~]*) HTTP/1\.1")
+_LINE = re.compile(rb"(POST|GET) (/[!-~]*) HTTP/1\.1")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _AIOHTTPS = frozenset((b"transfer-encoding", b"expect", b"upgrade"))
@@ -38,8 +39,8 @@ class PlainRequest:
 
     __slots__ = ("close", "connection", "fields", "head_len", "length", "method", "path", "target")
 
-    def __init__(self, target: str, fields: list[tuple[bytes, bytes]], head_len: int, length: int) -> None:
-        self.method = "POST"
+    def __init__(self, method: str, target: str, fields: list[tuple[bytes, bytes]], head_len: int, length: int):
+        self.method = method
         self.target = target
         self.path = target_path(target)
         self.fields = fields
@@ -102,9 +103,9 @@ def parse_request(buf: bytes | bytearray, max_body: int, seen: int = 0) -> Plain
             length = int(value)
         fields.append((name, value))
     length = length or 0
-    if length > FAST_BODY_MAX or length > max_body:
+    if length > FAST_BODY_MAX or length > max_body or (length and m[1] == b"GET"):
         return None
-    return PlainRequest(m[1].decode("ascii"), fields, end + 4, length)
+    return PlainRequest(m[1].decode("ascii"), m[2].decode("ascii"), fields, end + 4, length)
 
 
 _date: tuple[int, str] = (0, "")

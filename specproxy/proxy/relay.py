@@ -153,6 +153,10 @@ def error_body(message: str, code: int, kind: str) -> bytes:
 
 
 CLOSED_BODY = error_body("specproxy cannot write records (--fail-closed)", 503, "ServiceUnavailable")
+# The proxy's own endpoints, answered for GET and HEAD on their exact raw path (in origin or absolute form, with any
+# query) by the bookkeeper, which describes the whole proxy whichever relay is asked; any other spelling of them
+# (/v1/../specproxy/status, /specproxy/%73tatus) is a path like any other and goes to the upstream as sent.
+OWN_PATHS = frozenset(("/specproxy/metrics", "/specproxy/status"))
 
 
 def forward_fields(

@@ -37,7 +37,7 @@ from specproxy.proxy.config import ProxyConfig
 from specproxy.proxy.frontdoor import FastLane
 from specproxy.proxy.http1 import list_elements
 from specproxy.proxy.link import EventLink, header_names
-from specproxy.proxy.relay import CLOSED_BODY, Relay, Upstream, error_body, forward_fields, relay_request
+from specproxy.proxy.relay import CLOSED_BODY, OWN_PATHS, Relay, Upstream, error_body, forward_fields, relay_request
 from specproxy.proxy.upstream import Pool
 from specproxy.recorder.recorder import Recorder
 from specproxy.server_log import quiet_bad_requests
@@ -119,9 +119,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if target is None:
         return _json_error(400, "the request target must be a path", "BadRequest")
     path = target_path(target)
-    own = _OWN.get(path) if request.method in ("GET", "HEAD") else None
-    if own is not None:  # also in absolute form (RFC 9112 3.2.2): GET http://host/specproxy/status
-        return await own(request, path)
+    if path in OWN_PATHS and request.method in ("GET", "HEAD"):  # also in absolute form (RFC 9112 3.2.2)
+        return await own_endpoint(request, path)
     in_flight = request.app[IN_FLIGHT]
     task = in_flight.enter()
     try:
@@ -201,12 +200,6 @@ async def own_endpoint(request: web.Request, path: str) -> web.Response:
     """The bookkeeper's answer, which describes the whole proxy (every relay), whichever relay is asked."""
     status, content_type, body = await request.app[LINK].query(path)
     return web.Response(status=status, body=body, headers={"Content-Type": content_type})
-
-
-# The proxy's own endpoints, answered for GET and HEAD on their exact raw path (in origin or absolute form, with
-# any query); any other spelling of them (/v1/../specproxy/status, /specproxy/%73tatus) is a path like any other and
-# goes to the upstream as sent.
-_OWN = {"/specproxy/metrics": own_endpoint, "/specproxy/status": own_endpoint}
 
 
 def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.Application:
