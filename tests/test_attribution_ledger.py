@@ -337,3 +337,36 @@ def test_a_share_from_a_drafting_model_not_yet_pinned_down_says_so() -> None:
     alone.end("a")
     solo = alone.pop("a")
     assert solo is not None and not solo.overlapped and not solo.unsettled  # alone: its drafts are the delta's
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pending_for_says_what_a_scan_of_the_waiting_chunks_says(seed: int) -> None:
+    """pending_for keeps a count per request instead of scanning every chunk waiting: through chunks out of order,
+    time cuts, step-count cuts with owed steps, requests popped early and old chunks forgotten, it answers as the
+    scan would."""
+    import random
+
+    rnd = random.Random(seed)
+    led = CounterLedger()
+    led.baseline(0)
+    rids = [f"r{i}" for i in range(12)]
+    for rid in rids:
+        led.begin(rid, rnd.choice(("code", "chat")))
+    t = 1
+    for _ in range(400):
+        roll = rnd.random()
+        if roll < 0.7:
+            t += rnd.randint(0, 3)
+            at = t - rnd.randint(0, 2)  # now and then read earlier than the last: sorted before the next cut
+            led.record_chunk(rnd.choice(rids), rnd.randint(1, 4), at * MS, exact=rnd.random() < 0.8,
+                             decode=rnd.random() < 0.9)  # fmt: skip
+        elif roll < 0.9:
+            steps = None if rnd.random() < 0.3 else float(rnd.randint(0, 8))
+            led.settle(t * MS, _delta(steps, accepted=rnd.randint(0, 5), drafts=rnd.randint(0, 8)), slack_ns=MS)
+        else:
+            rid = rnd.choice(rids)
+            led.end(rid)
+            led.pop(rid)
+            led.begin(rid)  # the id comes back as a new request, its old chunks possibly still waiting
+        for rid in rids:
+            assert led.pending_for(rid) == any(c.request_id == rid for c in led._chunks)

@@ -37,8 +37,10 @@ class Activity:
     exact: bool = True  # every count came from usage or token ids
     per_position: list[float] = field(default_factory=list)  # steps that accepted position i (from chunk sizes)
     multi: float = 0.0  # steps that brought more than one token: they certainly drafted
+    chunks: int = 0  # every chunk, the prefill's too
 
     def add(self, tokens: int, *, decode: bool, exact: bool) -> None:
+        self.chunks += 1
         if decode:
             self.steps += 1
             self.tokens += tokens
