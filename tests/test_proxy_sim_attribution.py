@@ -219,6 +219,12 @@ async def test_a_short_mixed_ngram_run_says_its_counters_shares_are_unsettled(tm
             await _wait_ready(px)
             for wave in (plan[:3], plan[3:]):
                 await asyncio.gather(*(_send(s, px.url, chat_body(p, max_tokens=24), w) for w, p in wave))
+            for _ in range(2000):  # the status says records wait for the drafting model, which is not stable
+                st = px.recorder.status()
+                if st["records"]["held"]:
+                    break
+                await asyncio.sleep(0.005)
+            assert st["records"]["held"] > 0 and st["engine"]["models_stable"]["drafting"] is False
         # the proxy has shut down: held records took the models as they stood
         recs = list(read_records(tmp_path / "records.jsonl"))
     assert len(recs) == 6

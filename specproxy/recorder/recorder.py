@@ -101,6 +101,7 @@ class Recorder:
         self._drafting_calibrated = asyncio.Event()  # the drafting model is stable (ledger.drafting)
         self._finalizers: set[asyncio.Task[None]] = set()
         self.in_flight = 0
+        self.held = 0  # records waiting for a per-workload model to be stable (--attribution-hold)
         self.workload_spec: dict[str, SpecCounts] = {}
         self.workload_spans: dict[str, SpanPool] = {}  # running sums per span type and output position
         self.workload_requests: dict[str, dict[str, int]] = {}
@@ -195,8 +196,12 @@ class Recorder:
                 if needed and not event.is_set()
             ]
             if waits:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.gather(*waits), self.config.calibration_hold_s)
+                self.held += 1
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.gather(*waits), self.config.calibration_hold_s)
+                finally:
+                    self.held -= 1
             counters = self.ledger.pop(rid)
             tl = trace.timeline.result(end_ns) if trace.timeline is not None else None
             tokenize_failed = False
@@ -442,12 +447,18 @@ class Recorder:
                 "unattributed_accepted": self.ledger.unattributed.accepted,
                 # chunks read that no scrape interval has taken yet: a scrape's worth, unless the counters lag
                 "chunks_waiting": self.ledger.pending_chunks,
+                # the per-workload models records wait for (--attribution-hold), once stable for good
+                "models_stable": {
+                    "acceptance": self._calibrated.is_set(),
+                    "drafting": self._drafting_calibrated.is_set(),
+                },
             },
             "records": {
                 "written": self.sink.written,
                 "dropped": self.sink.dropped,  # lost: never written, and never will be
                 "queued": self.sink.queued,
                 "queued_bytes": self.sink.queued_bytes,
+                "held": self.held,  # ended, waiting for their workload's model to be stable (at most the hold)
                 "sink_errors": self.sink.errors,
                 "files_deleted": self.sink.files_deleted,
             },
