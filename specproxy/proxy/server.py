@@ -3,8 +3,8 @@
 aiohttp serves the clients the fast lane (:mod:`specproxy.proxy.frontdoor`) hands it: every request but the plainly
 formed POST or GET, which the fast lane relays (or, for the proxy's own endpoints, answers) itself. Either way a
 request goes through :func:`specproxy.proxy.relay.relay_request` (target, fields, upstream, stream, outcome); here is
-what aiohttp's side of it needs (:class:`_AiohttpFront`) and what only aiohttp's side does: bodies that come in
-chunks or over 1 MiB, ``Expect: 100-continue``, HEAD, absolute-form targets, malformed requests. A body over
+what aiohttp's side of it needs (:class:`_AiohttpFront`) and what only aiohttp's side does: chunked bodies, bodies
+over 1 MiB, ``Expect: 100-continue``, HEAD, absolute-form targets, malformed requests. A body over
 ``--max-body`` is refused before it is read, a body that stops coming gets 408, a head that never completes is
 closed (:mod:`specproxy.serving`).
 
