@@ -8,7 +8,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from specproxy.core.record import Record
 from specproxy.recorder.live_advice import LiveAdvice, LiveAdviceCollector
-from specproxy.recorder.live_bands import Schedule, compute_bands, parse_schedule, point_of
+from specproxy.recorder.live_bands import (
+    BAND_FIELDS,
+    BAND_SPEC_FIELDS,
+    Schedule,
+    compute_bands,
+    parse_schedule,
+    point_of,
+)
 from tests.analysisutil import T0, accepted_from_profile, make_record
 
 GOOD = [0.8, 0.7, 0.6]  # code-like acceptance: k=3 pays
@@ -196,5 +203,9 @@ def test_a_point_keeps_no_body_and_no_text() -> None:
     rec = make_record("big", accepted=[1] * 5, k=3, request={"messages": [{"content": "x" * 200_000}]},
                       response_text="y" * 200_000)  # fmt: skip
     p = point_of(rec)
-    assert p.rec["request"] is None and p.rec["response_text"] is None and p.rec["chunks"] == []
-    assert p.decode_steps == 5 and p.step_s is not None and p.rec["spec"] == rec["spec"]
+    # the fields the bands read, nothing else: no body, text, chunks, spans or estimates (the other tests here read
+    # bands from such points, so a band that read one more field would fail them on a KeyError)
+    assert set(p.rec) == set(BAND_FIELDS) and p.rec["request_id"] == rec["request_id"]
+    assert rec["spec"] is not None and p.rec["spec"] is not None
+    assert p.rec["spec"] == {f: rec["spec"][f] for f in BAND_SPEC_FIELDS}  # type: ignore[literal-required]
+    assert p.decode_steps == 5 and p.step_s is not None

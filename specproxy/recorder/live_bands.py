@@ -25,7 +25,7 @@ import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from specproxy.analysis.advise.model import DEFAULT_DRAFT_COST
 from specproxy.analysis.figures.acceptance import conditional_rates, expected_tokens_per_step
@@ -148,9 +148,18 @@ def _steps_seen(rec: Record) -> bool:
     return bool(rec["stream"]) and not NOT_STEPS.intersection(rec["flags"])
 
 
+# what the bands read of a record (decode_in_flight, is_ok, generates, the acceptance pools, the band's figures), and
+# of its speculative figures: a point keeps these only. A whole record (spans, estimates, timings, flags) cost about
+# 12 KB a point, 100 MB for the 8,000 of a window (docs/bench.md).
+BAND_FIELDS = (
+    "request_id", "started_at", "ttft_s", "e2e_s", "outcome", "completion_tokens", "path", "decode_tok_s", "spec",
+)  # fmt: skip
+BAND_SPEC_FIELDS = ("source", "drafts", "draft_tokens", "accepted", "per_position")
+
+
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One request as the bands need it: the record without its chunk list, and what its chunks said."""
+    """One request as the bands need it: :data:`BAND_FIELDS` of its record, and what its chunks said."""
 
     rec: Record
     step_s: float | None
@@ -158,18 +167,18 @@ class Point:
 
 
 def point_of(rec: Record) -> Point:
-    """What the bands keep of a record: without its chunks, request body and response text (up to
-    ``--capture-max-bytes`` each, kept for the whole window), so that a point costs the same whatever the prompt."""
-    light = Record(**rec)
-    light["chunks"] = []
-    light["request"] = None
-    light["response_text"] = None
+    """What the bands keep of a record: the fields they read, so that a point costs the same (a few hundred bytes)
+    whatever the prompt, the answer and the record's other figures."""
+    light: dict[str, Any] = {f: rec[f] for f in BAND_FIELDS}  # type: ignore[literal-required]
+    if (spec := rec["spec"]) is not None:
+        light["spec"] = {f: spec[f] for f in BAND_SPEC_FIELDS}  # type: ignore[literal-required]
+    thin = cast(Record, light)
     if not _steps_seen(rec):
-        return Point(light, None, None)
+        return Point(thin, None, None)
     steps = sum(1 for _, n in rec["chunks"] if n > 0) - 1
     if steps <= 0:
-        return Point(light, None, None)
-    return Point(light, token_span(rec["chunks"]) / steps, steps)  # its mean decode step: decode span over steps
+        return Point(thin, None, None)
+    return Point(thin, token_span(rec["chunks"]) / steps, steps)  # its mean decode step: decode span over steps
 
 
 def compute_bands(points: Sequence[Point], schedule: Schedule | None = None) -> list[Band]:
