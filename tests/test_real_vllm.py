@@ -434,14 +434,21 @@ async def test_a_client_that_disconnects_aborts_the_engine_request(ngram_engine:
     loop = asyncio.get_running_loop()
     async with proxy_process(ngram_engine.url, record) as (url, _), aiohttp.ClientSession() as s:
         before = await _settled(s, ngram_engine)
+        sent = loop.time()
         async with s.post(url + "/v1/chat/completions", json=body, headers=HEADERS) as r:
             assert r.status == 200
-            seen = 0
+            arrived: list[float] = []  # when each read came, from the request's start
             async for _ in r.content.iter_any():
-                seen += 1
-                if seen >= 5:
+                arrived.append(round(loop.time() - sent, 3))
+                if len(arrived) >= 5:
                     break
-            assert await _gauge(s, ngram_engine, "vllm:num_requests_running") == 1
+            # the request decodes for many seconds: it is running now. (One CI run read 0 here, and its record said
+            # the stream had run to its end; if this fails again, these times say whether the reads came late.)
+            gauges = [await _gauge(s, ngram_engine, "vllm:num_requests_running")]
+            while gauges[-1] != 1 and len(gauges) < 20:
+                await asyncio.sleep(0.1)
+                gauges.append(await _gauge(s, ngram_engine, "vllm:num_requests_running"))
+            assert gauges[-1] == 1, f"reads at {arrived} s; gauges {gauges}, the last at {loop.time() - sent:.3f} s"
             r.close()  # the client goes away mid-stream
         left_at = loop.time()
         left = 1.0
