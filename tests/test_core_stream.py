@@ -181,3 +181,26 @@ def test_stats() -> None:
     assert toks == pytest.approx([0.025] * 4 + [0.1])
     assert decode_tok_s(chunks) == pytest.approx(5 / 0.2)
     assert decode_tok_s([(0.0, 1)]) is None
+
+
+def test_the_approximate_count_of_ascii_text_is_the_general_counts() -> None:
+    """ASCII text skips the CJK passes; every text must count as the general rule counts it (CJK characters one
+    each, the rest by words)."""
+    import random
+
+    from specproxy.core.tokens import _CJK, _WORDS
+
+    def general(text: str) -> int:
+        cjk = len(_CJK.findall(text))
+        return cjk + sum(max(1, (len(w) + 2) // 6) for w in _WORDS.findall(_CJK.sub(" ", text)))
+
+    rng = random.Random(7)
+    alphabet = "ab Z09_ .,;(){}\n\t\r-+=*/\\'\"\x00\x7f" + "é漢字かなカナ한글ｶ　"
+    texts = ["", " ", "the", " Hello world", "def foo(x):\n    return x", "こんにちは", "a漢b", "ｶﾀｶﾅ", "日本語 text"]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(3000)]
+    tok = ApproxTokenizer()
+    for text in texts:
+        assert tok.count(text) == (general(text) if text else 0), text
+    assert any(t.isascii() and t for t in texts) and any(not t.isascii() for t in texts)
+    # what the ASCII path assumes: no ASCII character is one the CJK pattern takes
+    assert _CJK.search("漢") and not any(_CJK.search(chr(c)) for c in range(128))
