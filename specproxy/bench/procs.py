@@ -64,6 +64,15 @@ def tree(root: int) -> list[int]:
     return out
 
 
+def named_in_tree(root: int, name: str) -> int | None:
+    """The first live process of ``root``'s tree whose name (``/proc/PID/comm``, as ``stat`` gives it) is ``name``."""
+    for pid in tree(root):
+        named = _named_stat(pid)
+        if named is not None and named[0] == name:
+            return pid
+    return None
+
+
 def tree_cpu_s(root: int) -> float:
     """User + system seconds of the tree, ended-and-waited children included (utime, stime, cutime, cstime)."""
     ticks = 0
