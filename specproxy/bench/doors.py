@@ -30,7 +30,7 @@ from typing import Any
 import uvloop
 
 from specproxy.bench.observer import proxy_child
-from specproxy.bench.procs import Child, named_in_tree, python_child
+from specproxy.bench.procs import Child, named_stat, python_child, tree
 
 
 def _request(host: str, tokens: int) -> bytes:
@@ -49,6 +49,15 @@ def task_ns(pid: int | None) -> int:
             with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{t}/schedstat") as f:
                 total += int(f.read().split()[0])
     return total
+
+
+def _named(root: int, name: str) -> int | None:
+    """The first live process of ``root``'s tree called ``name`` (its ``/proc/PID/stat`` name, which is ``comm``)."""
+    for pid in tree(root):
+        named = named_stat(pid)
+        if named is not None and named[0] == name:
+            return pid
+    return None
 
 
 async def _stream(host: str, port: int, request: bytes) -> float:
@@ -97,7 +106,7 @@ async def _rounds(
     pids: list[tuple[int | None, int | None]] = [(None, None)]
     for r in relays[:2]:
         for _ in range(100):  # the relay and the bookkeeper are forked once the proxy listens
-            relay, keeper = named_in_tree(r.pid, "sp-relay-0"), named_in_tree(r.pid, "sp-bookkeeper")
+            relay, keeper = _named(r.pid, "sp-relay-0"), _named(r.pid, "sp-bookkeeper")
             if relay and keeper:
                 break
             await asyncio.sleep(0.05)

@@ -33,7 +33,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _named_stat(pid: int) -> tuple[str, list[str]] | None:
+def named_stat(pid: int) -> tuple[str, list[str]] | None:
     """The process's name and the fields of ``/proc/PID/stat`` after it."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -44,7 +44,7 @@ def _named_stat(pid: int) -> tuple[str, list[str]] | None:
 
 
 def _stat(pid: int) -> list[str] | None:
-    named = _named_stat(pid)
+    named = named_stat(pid)
     return named[1] if named is not None else None
 
 
@@ -64,15 +64,6 @@ def tree(root: int) -> list[int]:
     return out
 
 
-def named_in_tree(root: int, name: str) -> int | None:
-    """The first live process of ``root``'s tree whose name (``/proc/PID/comm``, as ``stat`` gives it) is ``name``."""
-    for pid in tree(root):
-        named = _named_stat(pid)
-        if named is not None and named[0] == name:
-            return pid
-    return None
-
-
 def tree_cpu_s(root: int) -> float:
     """User + system seconds of the tree, ended-and-waited children included (utime, stime, cutime, cstime)."""
     ticks = 0
@@ -89,7 +80,7 @@ def tree_cpu_by_role(root: int) -> dict[str, float]:
     a role."""
     out = {"relay": 0.0, "bookkeeping": 0.0, "other": 0.0, "named": 0.0}
     for pid in tree(root):
-        named = _named_stat(pid)
+        named = named_stat(pid)
         if named is None:
             continue
         comm, st = named
@@ -104,7 +95,7 @@ def tree_rss_by_process(root: int) -> dict[str, int]:
     (specproxy names its children: :mod:`specproxy.proxy.names`), with `` PID`` added when two share a name."""
     out: dict[str, int] = {}
     for pid in tree(root):
-        named = _named_stat(pid)
+        named = named_stat(pid)
         if named is None:
             continue
         comm, st = named
