@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast
 
 from aiohttp import web
 
-from specproxy.core.request_body import Body
+from specproxy.core.request_body import Body, stalled
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CUT_GRACE_S = 5.0  # how long cut handlers get to end (they end at once: cancellation closes their upstream)
@@ -275,7 +275,7 @@ async def read_body(request: web.BaseRequest, *, limit: int, idle_s: float) -> B
                 deadline.reschedule(loop.time() + idle_s)
     except TimeoutError:
         log.info("closing a connection whose request body stopped for %g s", idle_s)
-        raise Refused(408, f"request body not received: no byte for {idle_s:g} s", True) from None
+        raise Refused(408, stalled(idle_s), True) from None
     return body
 
 

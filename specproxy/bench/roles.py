@@ -14,7 +14,7 @@ import aiohttp
 
 from specproxy.bench.config import BenchConfig, Relay
 from specproxy.bench.floors import SPLICE_PREFIX
-from specproxy.bench.procs import format_cpus, pin_process, tree
+from specproxy.bench.procs import format_cpus, named_stat, pin_process, tree
 from specproxy.bench.wire import now_ns
 from specproxy.proxy.link import STATS_INTERVAL_S
 from specproxy.proxy.names import RELAY_PREFIX
@@ -111,7 +111,7 @@ def cpu_series(root: int | None, upstream_pids: tuple[int, ...]) -> dict[str, tu
     out: dict[str, tuple[int, ...]] = {}
     if root is not None:
         pids = tree(root)
-        each = [p for p in pids if (_comm(p) or "").startswith((RELAY_PREFIX, SPLICE_PREFIX))]
+        each = [p for p in pids if (named := named_stat(p)) and named[0].startswith((RELAY_PREFIX, SPLICE_PREFIX))]
         for p in each:
             out[f"relay {p}"] = (p,)
         out["relay"] = tuple(each) or tuple(pids)
@@ -174,14 +174,6 @@ def connection_owners(pids: tuple[int, ...], listen_port: int) -> dict[int, int]
         if len(cols) > 9 and cols[9] in by_inode and int(cols[1].rsplit(":", 1)[1], 16) == listen_port:
             out[int(cols[2].rsplit(":", 1)[1], 16)] = by_inode[cols[9]]
     return out
-
-
-def _comm(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def cpu_s(pids: tuple[int, ...]) -> float:

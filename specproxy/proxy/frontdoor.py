@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specproxy.core.headers import REQUEST_ID_HEADER
-from specproxy.core.request_body import Body
+from specproxy.core.request_body import Body, stalled
 from specproxy.proxy.plain import NEED_MORE, PlainRequest, answer_head, parse_request
 from specproxy.proxy.relay import CLOSED_BODY, OWN_PATHS, Relay, error_body, forward_fields, relay_request
 
@@ -111,6 +111,7 @@ class FastDoor(asyncio.Protocol):
         return None  # as aiohttp's: the transport closes, a request in flight is cancelled
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None  # every writer checks: a request still being relayed writes nothing more
         self._lane.doors.discard(self)
         self._wait("", None)
         self._wake(ConnectionResetError("Connection lost"))
@@ -200,8 +201,7 @@ class FastDoor(asyncio.Protocol):
             idle = self._lane.body_timeout
             log.info("closing a connection whose request body stopped for %g s", idle)
             self._lane.relay.link.refused(408)
-            reason = f"request body not received: no byte for {idle:g} s"
-            body = error_body(reason, 408, "RequestTimeout")
+            body = error_body(stalled(idle), 408, "RequestTimeout")
             transport.write(answer_head(408, "", [("Content-Type", "application/json")], len(body), close=True) + body)
         transport.close()
 
