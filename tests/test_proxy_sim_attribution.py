@@ -235,6 +235,30 @@ async def test_a_short_mixed_ngram_run_says_its_counters_shares_are_unsettled(tm
     assert sum(g.acceptance.unsettled for g in build_report(recs, ("workload",)).groups) == len(shared)
 
 
+async def test_where_every_step_drafts_the_drafting_model_is_not_fitted(tmp_path: Path) -> None:
+    """MTP drafts on every step: no record's share rests on the drafting model, so it is never fitted (refitting it
+    at every scrape was a tenth of the bookkeeper's CPU at 256 streams) and the status says it is not in use."""
+    plan = [("code_agent", CODE_PROMPTS[i % 4]) if i % 2 else ("ja_chat", JA_PROMPTS[i % 4]) for i in range(6)]
+    async with (
+        running_sim(spec_method="mtp", speed=5.0, seed=3) as sim,
+        aiohttp.ClientSession() as s,
+        running_proxy(sim.url, tmp_path, rec_k=3) as px,
+    ):
+        await _wait_ready(px)
+        for wave in (plan[:3], plan[3:]):
+            await asyncio.gather(*(_send(s, px.url, chat_body(p, max_tokens=24), w) for w, p in wave))
+        ledger = px.recorder.ledger
+        for _ in range(2000):  # the drafts of the steps streamed are settled
+            if ledger.settled_steps >= 40 and ledger.total.drafts > 0:
+                break
+            await asyncio.sleep(0.005)
+        assert ledger.settled_steps >= 40 and not ledger.partial_drafting
+        assert px.recorder.status()["engine"]["models_stable"]["drafting"] is None
+        assert ledger.drafting.intervals > 0 and not ledger.drafting.weights().first_accept  # rows, never a fit
+    recs = list(read_records(tmp_path / "records.jsonl"))
+    assert len(recs) == 6 and all("counters_unsettled" not in r["flags"] for r in recs)
+
+
 async def test_a_non_streamed_request_does_not_pollute_a_streaming_ones_counters(tmp_path: Path) -> None:
     """A non-streamed request's steps show no chunks: the engine counts them, so the interval is cut by time, the
     streaming request's figure is not claimed exact, and it does not take the other request's accepted tokens."""

@@ -450,7 +450,8 @@ class Recorder:
                 # the per-workload models records wait for (--attribution-hold), once stable for good
                 "models_stable": {
                     "acceptance": self._calibrated.is_set(),
-                    "drafting": self._drafting_calibrated.is_set(),
+                    # None: not used, the engine drafts on every step (or too few steps seen to tell)
+                    "drafting": self._drafting_calibrated.is_set() if self.ledger.partial_drafting else None,
                 },
             },
             "records": {
@@ -469,7 +470,10 @@ class Recorder:
     def _check_calibration(self) -> None:
         if not self._calibrated.is_set() and self.ledger.settled(self.ledger.model):
             self._calibrated.set()
-        if not self._drafting_calibrated.is_set() and self.ledger.settled(self.ledger.drafting):
+        # only a record of an engine that drafts on some steps (ngram) waits for the drafting model; where every step
+        # drafts its fit is of no use, and refitting it at every scrape was a tenth of the bookkeeper's CPU
+        drafting = self.ledger.drafting
+        if not self._drafting_calibrated.is_set() and self.ledger.partial_drafting and self.ledger.settled(drafting):
             self._drafting_calibrated.set()
 
     async def close(self) -> None:
