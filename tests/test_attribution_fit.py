@@ -250,3 +250,27 @@ def test_a_workload_whose_drafts_are_all_rejected_keeps_its_hidden_drafts() -> N
         model.add(0.0, 10.0, [("quiet", 10.0, Evidence(steps=50.0))])
     model.refit()
     assert model.weights().weight("quiet", Evidence(steps=50.0), 10.0) == pytest.approx(0.0, abs=0.05)
+
+
+@pytest.mark.parametrize(("members", "every"), [(16, 1), (64 * 4, 4)])
+def test_with_many_members_kept_the_draft_model_refits_every_few_intervals(members: int, every: int) -> None:
+    """A refit costs in proportion to the members of the intervals kept: beyond FIT_MEMBERS of them, the weights
+    are refitted every so many intervals (as many as FIT_MEMBERS is exceeded times over), else at every one."""
+    rng = random.Random(3)
+    pool = _requests(rng, 2 * members, "code", 0.8)
+    model = DraftModel({"code": Evidence(steps=1000.0, multi=400.0)})
+
+    def interval() -> None:
+        picked = rng.sample(pool, members)
+        model.add(rng.uniform(0.0, members), 4.0 * members, [(w, float(rng.randint(1, 8)), ev) for w, _, ev in picked])
+
+    for _ in range(DraftModel.MAX_ROWS):  # every row kept is full
+        interval()
+    fits, last = 0, model.current().first_accept
+    for _ in range(40):
+        interval()
+        now = model.current().first_accept
+        fits += now != last
+        last = now
+    assert max(1, members * DraftModel.MAX_ROWS // DraftModel.FIT_MEMBERS) == every
+    assert fits == 40 // every

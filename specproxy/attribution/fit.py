@@ -177,12 +177,20 @@ class DraftModel:
     PRIOR_SPREAD = 0.3  # relative to the pooled figure, where no second workload says more
     MIN_SPREAD = 0.1  # relative to the pooled figure
     MAX_ROWS = 256  # at concurrency 64 a refit then costs a few ms, once per settled interval at most
+    # a refit costs in proportion to the members of the intervals kept: at concurrency 256 it took 54 ms, four times a
+    # second (every settled interval), at 1,024 213 ms (python -m tests.ledger_cost --ngram). Beyond this many members
+    # kept, the fit waits for as many more intervals as that is times over: its cost per interval stays that of a fit
+    # at concurrency 64, and the weights are at most that many intervals old. (Keeping fewer intervals instead read
+    # per-workload acceptance 0.2-1.2 points further off at concurrency 256.)
+    FIT_MEMBERS = 64 * MAX_ROWS
     PASSES = 4
 
     def __init__(self, workloads: Mapping[str, Evidence] | None = None) -> None:
         """``workloads``: each workload's steps and multi-token steps (exact counts), kept up to date by the ledger;
         a request's own share of multi-token steps is shrunk towards its workload's."""
         self._rows: deque[_DraftRow] = deque(maxlen=self.MAX_ROWS)
+        self._members = 0  # in the rows kept
+        self._unfitted = 0  # intervals added since the last fit
         self._names: list[str] = []
         self._fitted: tuple[WeightedLeastSquares, list[list[float]], list[float], list[float]] | None = None
         self._stale = False
@@ -200,7 +208,11 @@ class DraftModel:
         for w, _, _ in members:
             if w not in self._names and len(self._names) < MAX_WORKLOADS:
                 self._names.append(w)
+        if len(self._rows) == self.MAX_ROWS:
+            self._members -= len(self._rows[0].members)
         self._rows.append(_DraftRow(hidden, steps, members))
+        self._members += len(members)
+        self._unfitted += 1
         self._stale = True
 
     def evidence_grew(self) -> None:
@@ -209,8 +221,9 @@ class DraftModel:
 
     def current(self) -> DraftWeights:
         """:meth:`weights`, fitted anew first if intervals or evidence moved on since the last fit (one fit per
-        settled interval, however many requests and stability checks ask)."""
-        if self._stale:
+        settled interval, however many requests and stability checks ask; fewer with many members, see
+        :data:`FIT_MEMBERS`)."""
+        if self._stale and (self._fitted is None or self._unfitted * self.FIT_MEMBERS >= self._members):
             self.refit()
         return self.weights()
 
@@ -225,6 +238,7 @@ class DraftModel:
         Japanese chat's first-position acceptance read 0.70-0.73 against 0.64.)"""
         self._multi = {w: e.multi / e.steps for w, e in self._workloads.items() if e.steps > 0}
         self._stale = False
+        self._unfitted = 0
         self._fitted = None
         caps: list[float] | None = None
         capped = 0
