@@ -177,11 +177,11 @@ class DraftModel:
     PRIOR_SPREAD = 0.3  # relative to the pooled figure, where no second workload says more
     MIN_SPREAD = 0.1  # relative to the pooled figure
     MAX_ROWS = 256  # at concurrency 64 a refit then costs a few ms, once per settled interval at most
-    # a refit costs in proportion to the members of the intervals kept: at concurrency 256 it took 54 ms, four times a
-    # second (every settled interval), at 1,024 213 ms (python -m tests.ledger_cost --ngram). Beyond this many members
-    # kept, the fit waits for as many more intervals as that is times over: its cost per interval stays that of a fit
-    # at concurrency 64, and the weights are at most that many intervals old. (Keeping fewer intervals instead read
-    # per-workload acceptance 0.2-1.2 points further off at concurrency 256.)
+    # a refit costs in proportion to the members of the intervals kept: at concurrency 256, 41-74 ms four times a
+    # second, at every settled interval (python -m tests.ledger_cost --streams 256 --steps 2000 --ngram [--churn 150]).
+    # Beyond this many members kept, the fit waits for as many more intervals as that is times over: its cost per
+    # interval stays that of a fit at concurrency 64, and the weights are at most that many intervals old. (Keeping
+    # fewer intervals instead read per-workload acceptance up to 1.2 points further off at concurrency 256.)
     FIT_MEMBERS = 64 * MAX_ROWS
     PASSES = 4
 

@@ -217,7 +217,7 @@ class Interval:
 
     def __post_init__(self) -> None:
         # summed once (the members are fixed once cut): each member asks as it ends, and a sum per ask made sharing
-        # out n requests cost O(n^2), 1.3 ms per request at 1,024 (python -m specproxy.bench.inprocess)
+        # out n requests cost O(n^2): 981 ms for 1,024 ending together (python -m tests.ledger_cost --streams 1024)
         acts = self.members.values()
         self.steps, self.known_drafted = sum(a.steps for a in acts), sum(a.known_drafted for a in acts)
         self.all_exact = all(a.exact for a in acts)
