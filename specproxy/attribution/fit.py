@@ -189,7 +189,6 @@ class DraftModel:
         """``workloads``: each workload's steps and multi-token steps (exact counts), kept up to date by the ledger;
         a request's own share of multi-token steps is shrunk towards its workload's."""
         self._rows: deque[_DraftRow] = deque(maxlen=self.MAX_ROWS)
-        self._members = 0  # in the rows kept
         self._unfitted = 0  # intervals added since the last fit
         self._names: list[str] = []
         self._fitted: tuple[WeightedLeastSquares, list[list[float]], list[float], list[float]] | None = None
@@ -208,10 +207,7 @@ class DraftModel:
         for w, _, _ in members:
             if w not in self._names and len(self._names) < MAX_WORKLOADS:
                 self._names.append(w)
-        if len(self._rows) == self.MAX_ROWS:
-            self._members -= len(self._rows[0].members)
         self._rows.append(_DraftRow(hidden, steps, members))
-        self._members += len(members)
         self._unfitted += 1
         self._stale = True
 
@@ -223,9 +219,12 @@ class DraftModel:
         """:meth:`weights`, fitted anew first if intervals or evidence moved on since the last fit (one fit per
         settled interval, however many requests and stability checks ask; fewer with many members, see
         :data:`FIT_MEMBERS`)."""
-        if self._stale and (self._fitted is None or self._unfitted * self.FIT_MEMBERS >= self._members):
+        if self._stale and (self._fitted is None or self._unfitted * self.FIT_MEMBERS >= self._kept_members()):
             self.refit()
         return self.weights()
+
+    def _kept_members(self) -> int:
+        return sum(len(row.members) for row in self._rows)
 
     def refit(self) -> None:
         """Fit anew from the kept intervals, each request's odds from its evidence as it stands now.
