@@ -21,11 +21,11 @@ import orjson
 
 from specproxy.core.dialects import Dialect, dialect_for, stream_framing
 from specproxy.core.dialects.engine import PER_TOKEN_ENGINES
+from specproxy.core.figures import decode_tok_s, tpot_s, ttft_s
 from specproxy.core.ndjson import NDJSONDecoder
 from specproxy.core.openai_stream import StreamChunk
 from specproxy.core.spans import SpanClassifier
 from specproxy.core.sse import SSEDecoder
-from specproxy.core.stats import decode_tok_s
 from specproxy.core.tokens import ChunkTokenCounter, Tokenizer, TokenSource
 
 NON_STREAM_PARSE_LIMIT = 32 * 1024 * 1024  # a non-streamed body larger than this is relayed but not parsed
@@ -310,12 +310,11 @@ class ResponseTimeline:
             flags.append("event_too_large")
         if self._bad_usage:
             flags.append("bad_usage")
-        ttft = (self.first_token_ns - self.start_ns) / 1e9 if self.first_token_ns is not None else None
+        ttft = ttft_s(self.start_ns, self.first_token_ns)
         rate = decode_tok_s(chunks) if self.stream else None
         tpot = None
-        if self.stream and completion and completion > 1 and self.first_token_ns is not None and self.last_token_ns:
-            span = (self.last_token_ns - self.first_token_ns) / 1e9
-            tpot = span / (completion - 1) if span > 0 else None
+        if self.stream and self.first_token_ns is not None and self.last_token_ns:
+            tpot = tpot_s((self.last_token_ns - self.first_token_ns) / 1e9, completion)
         return TimelineResult(
             stream=self.stream,
             chunks=chunks,
@@ -434,9 +433,8 @@ def with_counted_total(tl: TimelineResult, total: int, source: TokenSource) -> T
     chunks = scaled_counts(tl.chunks, total) or list(tl.chunks)
     rate = decode_tok_s(chunks) if tl.stream else None
     tpot = None
-    if tl.stream and total > 1 and tl.ttft_s is not None and tl.last_token_s is not None:
-        span = tl.last_token_s - tl.ttft_s
-        tpot = span / (total - 1) if span > 0 else None
+    if tl.stream and tl.ttft_s is not None and tl.last_token_s is not None:
+        tpot = tpot_s(tl.last_token_s - tl.ttft_s, total)
     return dataclasses.replace(
         tl, chunks=chunks, completion_tokens=total, token_source=source, decode_tok_s=rate, tpot_s=tpot
     )

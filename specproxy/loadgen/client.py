@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 import aiohttp
 import orjson
 
+from specproxy.core.figures import ttft_s
 from specproxy.core.headers import WORKLOAD_HEADER
 from specproxy.loadgen.plan import PlannedRequest, next_turn
 from specproxy.loadgen.progress import Progress
@@ -121,8 +122,8 @@ class Client:
             self._recorder.finish(trace, outcome, error)
             tl = trace.timeline
             tokens = sum(n for _, n in tl.chunks if n > 0) if tl is not None else 0
-            ttft_s = (tl.first_token_ns - tl.start_ns) / 1e9 if tl is not None and tl.first_token_ns else None
-            self._progress.finished(entry.workload, outcome == "ok", tokens, ttft_s)
+            ttft = ttft_s(tl.start_ns, tl.first_token_ns) if tl is not None else None
+            self._progress.finished(entry.workload, outcome == "ok", tokens, ttft)
         if outcome != "ok" or conversation is None or trace.timeline is None:
             return None
         return trace.timeline.reply_text()

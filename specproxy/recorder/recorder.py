@@ -29,11 +29,11 @@ from specproxy.attribution.ledger import CounterAttribution, CounterLedger
 from specproxy.attribution.spans import span_block
 from specproxy.core.dialects.engine import PER_TOKEN_ENGINES, decode_figure
 from specproxy.core.errors import one_line
+from specproxy.core.figures import step_gaps, token_gaps
 from specproxy.core.inference import is_inference, kind_of
 from specproxy.core.prom import NO_SPEC_COUNTERS
 from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
-from specproxy.core.stats import step_gaps
 from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, SERVER_TOKENIZER, Tokenizer, load_model_tokenizer
 from specproxy.recorder.config import RecorderConfig as RecorderConfig  # re-exported: its old home
@@ -384,7 +384,8 @@ class Recorder:
             gaps = step_gaps(rec["chunks"])
             per_token = "chunks_not_steps_engine" in rec["flags"]  # one event per token: no steps seen
             m.inter_step.observe_many(w, [] if per_token else [g for g, _ in gaps])
-            m.inter_token.observe_many(w, [g / n for g, n in gaps], [n for _, n in gaps])
+            itl = token_gaps(gaps)
+            m.inter_token.observe_many(w, [v for v, _ in itl], [n for _, n in itl])
         if (po := rec["proxy_overhead_s"]) is not None:
             m.overhead.observe(po["mean"])
         spans = self.workload_spans.get(w)

@@ -1,6 +1,7 @@
 """What one record is, for every figure: finished ``ok``, a generation request, its group key's value, its decode rate.
 
-The predicates and per-record values each command filters and measures with, defined once. Pure.
+The predicates and per-record values each command filters and measures with, defined once; the formulas they
+apply are in :mod:`specproxy.core.figures`. Pure.
 """
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
+from specproxy.core import figures
 from specproxy.core.record import Record
-from specproxy.core.stats import decode_tok_s
 
 NONE_KEY = "(none)"
 
@@ -48,11 +49,11 @@ def request_rates(rec: Record, chunks: Callable[[], Sequence[tuple[float, int]]]
     is called only when a figure is missing, so a streaming reader types a timeline only for such records."""
     tok_s, tpot_s = rec["decode_tok_s"], rec["tpot_s"]
     if tok_s is None or tpot_s is None:
-        rate = decode_tok_s(chunks())
+        rate = figures.decode_tok_s(chunks())
         if tok_s is None:
             tok_s = rate
         if tpot_s is None:
-            tpot_s = 1.0 / rate if rate else None
+            tpot_s = figures.tpot_of_rate(rate)
     return tok_s, tpot_s
 
 
@@ -93,8 +94,7 @@ class RunSpan:
 
     def output_tok_s(self) -> float | None:
         """Completion tokens over the span; None without a span."""
-        span = self.span_s()
-        return self.tokens / span if self.spans and span > 0 else None
+        return figures.output_tok_s(self.tokens, self.span_s())
 
 
 def output_tok_s(records: Iterable[Record]) -> float | None:

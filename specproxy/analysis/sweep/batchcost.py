@@ -29,8 +29,9 @@ from specproxy.analysis.figures.groups import group_records
 from specproxy.analysis.figures.inflight import decode_in_flight
 from specproxy.analysis.figures.records import generates, is_ok
 from specproxy.analysis.sweep.model import level_of
+from specproxy.core.figures import step_s
 from specproxy.core.record import Record
-from specproxy.core.stats import median, step_and_token_gaps
+from specproxy.core.stats import median
 
 MIN_BUCKETS = 2  # batch sizes with a fitted cost needed to speak of k per batch size
 MIN_REQUESTS_PER_POINT = 3
@@ -94,7 +95,7 @@ class BatchAdvice:
 def _request_step_s(rec: Record) -> float | None:
     """The request's mean decode step: its decode span over its steps. The mean, not the median: chunks that a busy
     client (or server) reads late arrive in bunches, which skews single gaps both ways but not their sum."""
-    steps, _ = step_and_token_gaps(rec["chunks"])
+    steps = step_s(rec["chunks"])
     return sum(steps) / len(steps) if steps else None
 
 

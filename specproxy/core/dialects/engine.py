@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specproxy.core.stats import token_span
+from specproxy.core.figures import token_span
 
 ENGINES = ("vllm", "sglang", "ollama", "llamacpp")
 ENGINE_CHOICES = ("auto", *ENGINES)
