@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specproxy.core import figures
 from specproxy.core.record import Estimate, SpecBlock
 
 
@@ -34,11 +35,11 @@ class SpecCounts:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
+        return figures.acceptance_rate(self.accepted, self.draft_tokens)
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
+        return figures.mean_acceptance_length(self.accepted, self.drafts)
 
     @property
     def position_rates(self) -> tuple[float, ...]:

@@ -12,6 +12,7 @@ import typer
 
 from specproxy.analysis.advise.model import DEFAULT_DRAFT_COST
 from specproxy.commands.common import command, fail
+from specproxy.core.figures import acceptance_rate, mean_acceptance_length
 from specproxy.core.record import read_records
 from specproxy.whatif.ngram import Replay, replay
 from specproxy.whatif.prompts import ModelTokens, TokenizationError
@@ -42,9 +43,9 @@ def _row(workload: str, k: int, r: Replay, requests: int, c: float) -> dict[str,
         "draft_tokens": r.draft_tokens,
         "accepted": r.accepted,
         "tail_open": r.tail_open,
-        "acceptance": r.accepted / r.draft_tokens if r.draft_tokens else None,
-        "acceptance_high": (r.accepted + r.tail_open) / r.draft_tokens if r.draft_tokens else None,
-        "mean_acceptance_length": 1 + r.accepted / r.drafts if r.drafts else None,
+        "acceptance": acceptance_rate(r.accepted, r.draft_tokens),
+        "acceptance_high": acceptance_rate(r.accepted + r.tail_open, r.draft_tokens),
+        "mean_acceptance_length": mean_acceptance_length(r.accepted, r.drafts),
         "drafting_share": r.drafts / r.decode_steps if r.decode_steps else None,
         "per_position": r.per_position,
         "predicted_speedup": plain / cost if cost else None,

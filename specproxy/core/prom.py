@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from specproxy.core import figures
+
 Labels = tuple[tuple[str, str], ...]
 SeriesKey = tuple[str, Labels]
 
@@ -197,15 +199,15 @@ class SpecCounters:
 
     @property
     def acceptance_rate(self) -> float | None:
-        if self.accepted is None or not self.draft_tokens:
+        if self.accepted is None or self.draft_tokens is None:
             return None
-        return self.accepted / self.draft_tokens
+        return figures.acceptance_rate(self.accepted, self.draft_tokens)
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        if self.accepted is None or not self.drafts:
+        if self.accepted is None or self.drafts is None:
             return None
-        return 1.0 + self.accepted / self.drafts
+        return figures.mean_acceptance_length(self.accepted, self.drafts)
 
 
 def _positions(values: Mapping[SeriesKey, float], name: str) -> tuple[float, ...]:

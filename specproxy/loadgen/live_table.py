@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from specproxy.core.figures import acceptance_rate
 from specproxy.loadgen.progress import ProgressSnapshot
 
 
@@ -83,7 +84,8 @@ def build_table(
 
     def row(name: str, c: dict[str, float], planned: int | None, *, style: str | None = None) -> None:
         ttft = f"{c['ttft_sum'] / c['ttft_n'] * 1000:.0f} ms" if c["ttft_n"] else "-"
-        acc = f"{c['accepted'] / c['draft_tokens']:.1%}" if c["draft_tokens"] else "-"
+        rate = acceptance_rate(c["accepted"], c["draft_tokens"])
+        acc = f"{rate:.1%}" if rate is not None else "-"
         errors = int(c["errors"])
         if duration_s is not None:
             left = _fmt_s(max(0.0, duration_s - elapsed_s))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
 from specproxy.attribution.counts import SpecCounts
+from specproxy.core.figures import acceptance_rate
 
 # workload -> {"done", "ok", "errors", "tokens", "accepted", "draft_tokens", "in_flight", "ttft_sum", "ttft_n"}
 ProgressSnapshot = dict[str, dict[str, float]]
@@ -74,7 +75,8 @@ def render(snap: ProgressSnapshot, elapsed_s: float, *, total: int | None, durat
         head = f"{int(done)}"
     parts = [f"{head} {done / t:.1f} req/s {tokens / t:.0f} tok/s" + (f" {int(errors)} err" if errors else "")]
     for w, c in snap.items():
-        acc = f" acc {c['accepted'] / c['draft_tokens']:.2f}" if c["draft_tokens"] else ""
+        rate = acceptance_rate(c["accepted"], c["draft_tokens"])
+        acc = f" acc {rate:.2f}" if rate is not None else ""
         parts.append(f"{w} {int(c['done'])} {c['tokens'] / t:.0f} tok/s{acc}")
     return " | ".join(parts)
 

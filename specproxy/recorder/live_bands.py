@@ -33,8 +33,9 @@ from specproxy.analysis.figures.confidence import acceptance_interval
 from specproxy.analysis.figures.inflight import decode_in_flight
 from specproxy.analysis.figures.records import generates, is_ok
 from specproxy.analysis.sweep.batchcost import bucket_of, bucket_range
+from specproxy.core.figures import acceptance_rate, token_span
 from specproxy.core.record import Record
-from specproxy.core.stats import median, token_span
+from specproxy.core.stats import median
 
 MIN_REQUESTS = 5  # a band speaks from this many requests on
 COLLAPSE = 0.10  # the server's decode tok/s falling by more than this from one band to the next larger: a collapse
@@ -210,7 +211,7 @@ def _band(bucket: int, xs: list[tuple[float, Point]], schedule: Schedule | None)
     steps = sum(p.decode_steps or 0 for p, _ in known)
     share = sum(s["drafts"] or 0 for _, s in known) / steps if steps else None
     draft_k = draft_tokens / drafts if drafts else None
-    rate = accepted / draft_tokens if draft_tokens else None
+    rate = acceptance_rate(accepted, draft_tokens)
     ci = acceptance_interval(recs) if draft_tokens else None
     step_s = median([p.step_s for _, p in xs if p.step_s is not None])
     tok_s = median([v for r in recs if (v := r["decode_tok_s"]) is not None and v > 0])

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specproxy.attribution.spans import POSITION_EDGES
+from specproxy.core import figures
 from specproxy.core.record import Record, SpanCell
 from specproxy.core.spans import SPAN_TYPES
 
@@ -35,11 +36,11 @@ class SpanFigure:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted_known / self.draft_tokens if self.draft_tokens else None
+        return figures.acceptance_rate(self.accepted_known, self.draft_tokens or 0.0)
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        return 1.0 + self.accepted / self.steps if self.steps > 0 else None
+        return figures.mean_acceptance_length(self.accepted, self.steps)  # a span's decode steps are its drafts
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +88,9 @@ class SpanPool:
             accepted = spec["accepted"] or 0.0
             self.pooled[0] += accepted
             self.pooled[1] += drafts
-            self.mal_sum += 1.0 + accepted / drafts
-            self.mal_n += 1
+            if (mal := figures.mean_acceptance_length(accepted, drafts)) is not None:
+                self.mal_sum += mal
+                self.mal_n += 1
         block = rec["spans"]
         if block is None:
             return
@@ -131,7 +133,7 @@ class SpanPool:
         return SpanFigures(
             types=out["types"],
             positions=out["positions"],
-            mal_pooled=1.0 + accepted / drafts if drafts > 0 else None,
+            mal_pooled=figures.mean_acceptance_length(accepted, drafts),
             mal_per_request=self.mal_sum / self.mal_n if self.mal_n else None,
             mal_requests=self.mal_n,
         )

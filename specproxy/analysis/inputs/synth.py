@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from specproxy.core.figures import acceptance_rate, decode_tok_s, mean_acceptance_length, tpot_s
 from specproxy.core.record import SCHEMA_VERSION, as_record, dumps
 
 T0 = 1_700_000_000.0
@@ -63,8 +64,8 @@ def synth_record(i: int, rng: random.Random, chunks: int = 106) -> dict[str, Any
             "source": "chunks",
             **est,
             "k": k,
-            "acceptance_rate": est["accepted"] / est["draft_tokens"],
-            "mean_acceptance_length": 1 + est["accepted"] / n_steps,
+            "acceptance_rate": acceptance_rate(est["accepted"], est["draft_tokens"]),
+            "mean_acceptance_length": mean_acceptance_length(est["accepted"], n_steps),
             "tokens_per_step": hist,
             "estimates": {"server": None, "chunks": {**est, "exact": True}, "counters": {**est, "exact": False}},
         }
@@ -93,8 +94,8 @@ def synth_record(i: int, rng: random.Random, chunks: int = 106) -> dict[str, Any
         "chunk_token_source": "usage",
         "ttft_s": round(ttft, 6),
         "e2e_s": round(t + 0.001, 6),
-        "decode_tok_s": (total - 1) / span if span > 0 else None,
-        "tpot_s": span / (total - 1) if total > 1 else None,
+        "decode_tok_s": decode_tok_s(timeline),
+        "tpot_s": tpot_s(span, total),
         "upstream_headers_s": round(ttft / 2, 6),
         "chunks": timeline,
         "events": len(timeline) + 2,

@@ -24,6 +24,7 @@ from specproxy.analysis.figures.spans import SpanPool
 from specproxy.analysis.inputs.scan import ChunkBatch, GapSink, Item, StepSink, item_of
 from specproxy.analysis.report.model import DEFAULT_SPEC, Figure, GroupReport, Report, combine
 from specproxy.core.dialects.engine import OFF_ENGINE_FLAG
+from specproxy.core.figures import acceptance_rate, mean_acceptance_length
 from specproxy.core.record import Record
 
 
@@ -112,8 +113,8 @@ class PartAcc:
                 out[percentile_name(metric, p)] = samples[metric].percentile(p)
         if rates is None:
             rates = (
-                self.accepted / self.draft_tokens if self.draft_tokens > 0 else None,
-                1.0 + self.accepted / self.drafts if self.drafts > 0 else None,
+                acceptance_rate(self.accepted, self.draft_tokens),
+                mean_acceptance_length(self.accepted, self.drafts),
             )
         out["acceptance_rate"], out["mean_acceptance_length"] = rates
         # engines say nothing when nothing was cached (vLLM), so the share counts once any request said something
