@@ -11,10 +11,6 @@ and large request bodies are shed (per request, from the first shed chunk on: a 
 interpreted), counted per kind, and the request's record is flagged ``bookkeeping_shed``. Past ``hard_bytes`` a new
 request is not handed to the bookkeeping at all: counted as a lost record, which makes the proxy exit non-zero, as
 records the sink cannot write do. The same when the bookkeeper is gone: relaying goes on, records are counted lost.
-
-One module: the relay's whole side of its channel (events out with their flushing and shedding, answers and
-acknowledgements in, and the loss counted from both, per cause) is one object's state; apart, a lost record could be
-counted twice or not at all.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ log = logging.getLogger("specproxy.proxy")
 
 STATS_INTERVAL_S = 0.5
 # Events to a bookkeeper process go out at most this often (and at once past FLUSH_BYTES): one write to its socket
-# per loop iteration was a tenth of a relay's CPU at 256 streams, and woke the bookkeeper as often. Times are the
+# per loop iteration costs a relay much CPU at hundreds of streams, and wakes the bookkeeper as often. Times are the
 # relay's own stamps, so the delay changes no figure; records come this much later.
 FLUSH_EVERY_S = 0.005
 FLUSH_BYTES = 256 * 1024
