@@ -122,9 +122,8 @@ class LiveAdvice:
 
 def kept(rec: Record) -> Record:
     """What the window keeps of a record: a copy without its chunks, and of its request body and response text only
-    what the advice reads (whether thinking was asked for, and shown). A record the window kept whole held its body
-    and text (up to ``--capture-max-bytes`` each) for as long as the window does: memory per record grew with the
-    prompts, up to :data:`MAX_PER_WORKLOAD` records a workload."""
+    what the advice reads (whether thinking was asked for, and shown), so that the window's memory does not grow
+    with the prompts (a whole record holds its body and text, up to ``--capture-max-bytes`` each)."""
     light = Record(**rec)
     light["chunks"] = []
     thinking = asks_thinking(rec.get("request"))

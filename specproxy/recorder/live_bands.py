@@ -149,8 +149,8 @@ def _steps_seen(rec: Record) -> bool:
 
 
 # what the bands read of a record (decode_in_flight, is_ok, generates, the acceptance pools, the band's figures), and
-# of its speculative figures: a point keeps these only. A whole record (spans, estimates, timings, flags) cost 9-12 KB
-# a point of a real vLLM record, 70-100 MB for the 8,000 of a window (docs/bench.md).
+# of its speculative figures: a point keeps these only, since a whole record (spans, estimates, timings, flags) per
+# point would make a full window cost many times the memory.
 BAND_FIELDS = (
     "request_id", "started_at", "ttft_s", "e2e_s", "outcome", "completion_tokens", "path", "decode_tok_s", "spec",
 )  # fmt: skip
