@@ -18,7 +18,7 @@ import orjson
 ChunkKind = Literal["chunk", "done", "error", "non_json"]
 
 
-@dataclass(slots=True)  # not frozen: made per event, and a frozen __init__ costs 4x
+@dataclass(slots=True)  # not frozen: made per event, and a frozen __init__ is several times slower
 class StreamChunk:
     kind: ChunkKind
     id: str | None = None

@@ -116,7 +116,7 @@ class Record(TypedDict):
     reads: int
     multi_event_reads: int
     keepalives: int
-    buffer_sized_reads: int | None  # reads of exactly 2**n bytes, 1-64 KiB: a buffering hop's; null before v6
+    buffer_sized_reads: int | None  # reads of exactly 2**n bytes, 1 KiB up to 64 KiB: a buffering hop's; null before v6
     chunks_are_steps: bool
     flags: list[str]
     proxy_overhead_s: Overhead | None

@@ -227,7 +227,7 @@ def _secret_words(name: str) -> bool:
 # Each pattern matches a credential by its own shape, so it is safe in any text, prompts included: a format with a
 # fixed prefix and a long random part, or a scheme that announces one. Opaque random strings without such a mark (a
 # bare 40-character AWS secret) cannot be told from text and are caught by their key instead. Every pattern starts
-# with a literal, so the regex engine skips ahead to it (one pass per pattern costs about 1 ms per MB); the
+# with a literal, so the regex engine skips ahead to it (one fast pass per pattern); the
 # word-boundary checks come after the literal for that reason. Group "s", when there, is the part replaced.
 CREDENTIAL_PATTERNS = tuple(
     re.compile(p)

@@ -237,7 +237,7 @@ class EventLink:
             self.shed["body"] += 1
             self.shed_requests += 1
         else:
-            body = whole.whole()  # at most --capture-max-bytes (1 MB by default): a copy the loop can afford
+            body = whole.whole()  # at most --capture-max-bytes (1 MiB by default): a copy the loop can afford
         self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
         if r.inference:
             self._handed[seq] = r
