@@ -9,8 +9,8 @@ over repeats. Latency and decode figures use requests that finished ``ok``.
 A workload's speed is its decode tok/s (per request, median). The output rate is a figure of the whole run: every
 workload's completion tokens over the run's wall-clock span (median over repeats), shown once under the table with
 each workload's share of it. It is not shown per workload: workloads sent interleaved share one span, so a
-workload's tokens over it would read as a speed (10 tok/s for a workload decoding at 26 tok/s, when three share a
-run at concurrency 1).
+workload's tokens over it would read as a speed (a fraction of its decode speed, when several share a run at
+concurrency 1).
 """
 
 from __future__ import annotations
