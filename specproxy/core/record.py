@@ -7,8 +7,8 @@ objects. Every record carries ``schema_version``; readers accept every older ver
 missing), so readers use the fields as typed. Pure: :func:`parse_line` takes bytes; the thin file reading is
 :func:`read_records`.
 
-One module: the types, the upgrade chain and the typed reader change together with every schema version; apart,
-a field added to one and not the others is the drift this layout prevents.
+The types, the upgrade chain and the typed reader live together because they change together with every schema
+version.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ generator captured (parsed JSON, or the text of a body that is not JSON) and ret
 
 docs/records.md ("What a captured body keeps") explains the choices to users.
 
-One module: it is the whole policy a secret meets on its way to disk (key words, credential patterns, JSON, forms,
-free text, depth), kept together so that one reading shows every rule and no path around them.
+This is the whole policy a secret meets on its way to disk (key words, credential patterns, JSON, forms, free text,
+depth), kept together so that one reading shows every rule and no path around them.
 """
 
 from __future__ import annotations
