@@ -347,7 +347,12 @@ class DraftModel:
         n = wls.columns
         seen = [i for i in range(n) if wls.xtx[i][i] > 0]  # a kind of column never seen has nothing to pin
         return bool(seen) and all(
-            _pinned(wls, (a, sol), [[1.0 if j == i else 0.0 for j in range(n)]], self.MIN_INTERVALS,
-                    self.MAX_SE * max(prior[i], 0.05))
+            _pinned(
+                wls,
+                (a, sol),
+                [[1.0 if j == i else 0.0 for j in range(n)]],
+                self.MIN_INTERVALS,
+                self.MAX_SE * max(prior[i], 0.05),
+            )
             for i in seen
-        )  # fmt: skip
+        )

@@ -350,8 +350,9 @@ class Interval:
         if not inexact:
             return _AcceptPlan(exact_rest, exact_rest_pos, {}, 0.0, [0.0] * k)
         if exact_rest <= 0:  # nothing left for the inexact members
-            return _AcceptPlan(exact_rest, exact_rest_pos, {m: 0.0 for ids in inexact.values() for m in ids}, 0.0,
-                               [0.0] * k)  # fmt: skip
+            return _AcceptPlan(
+                exact_rest, exact_rest_pos, {m: 0.0 for ids in inexact.values() for m in ids}, 0.0, [0.0] * k
+            )
         rest, rest_pos = exact_rest, exact_rest_pos
         if self.foreign_steps:  # the remainder is also the foreign steps': keep only our inexact steps' part
             ours = sum(a.steps for a in self.members.values() if not a.exact)

@@ -94,8 +94,9 @@ def inspect_body(body: bytes, limit: int) -> BodyFacts:
             except orjson.JSONDecodeError:
                 model = None
         s = _STREAM.search(head)
-        return BodyFacts(None, model if isinstance(model, str) else None, s is not None and s.group(1) == b"true",
-                         True, size)  # fmt: skip
+        return BodyFacts(
+            None, model if isinstance(model, str) else None, s is not None and s.group(1) == b"true", True, size
+        )
     parsed: Any = None
     if body and body[:1] in _JSON_START:
         try:

@@ -70,9 +70,19 @@ class Relayed:
     """One request as its relay follows it: a number, an id, and what is known without reading anything."""
 
     __slots__ = (
-        "cause", "finished", "inference", "lost", "ov_max", "ov_n", "ov_ns", "request_id", "retried", "seq", "shed",
+        "cause",
+        "finished",
+        "inference",
+        "lost",
+        "ov_max",
+        "ov_n",
+        "ov_ns",
+        "request_id",
+        "retried",
+        "seq",
+        "shed",
         "start_ns",
-    )  # fmt: skip
+    )
 
     def __init__(self, seq: int, start_ns: int) -> None:
         self.seq = seq
@@ -356,9 +366,13 @@ class EventLink:
         """What this relay tells the main process as it ends: every inference request it finished is either
         written (acknowledged) or lost, by cause."""
         return {
-            "lost": self.lost, "lost_by": dict(self.lost_by), "finished": self.finished, "written": self.written,
-            "pending": self.pending, "doubtful": self.doubtful,
-        }  # fmt: skip
+            "lost": self.lost,
+            "lost_by": dict(self.lost_by),
+            "finished": self.finished,
+            "written": self.written,
+            "pending": self.pending,
+            "doubtful": self.doubtful,
+        }
 
     def stats(self) -> dict[str, Any]:
         return {

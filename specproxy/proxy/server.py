@@ -224,9 +224,13 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
         app[SESSION] = session
         up = app[UPSTREAM]
         app[POOL] = pool = Pool(
-            up.scheme, up.host, up.port, connect_timeout_s=cfg.connect_timeout_s, idle_timeout_s=cfg.idle_timeout_s,
+            up.scheme,
+            up.host,
+            up.port,
+            connect_timeout_s=cfg.connect_timeout_s,
+            idle_timeout_s=cfg.idle_timeout_s,
             limit=cfg.max_connections,
-        )  # fmt: skip
+        )
         relay.pool = pool
         keeper: Bookkeeper | None = None
         try:

@@ -66,9 +66,23 @@ class Exchange:
     :meth:`relay`; :attr:`outcome` and :attr:`error` say how it ended."""
 
     __slots__ = (
-        "_early", "_early_bytes", "_free", "_head", "_signal", "_sink", "conn", "ended", "error", "got_bytes",
-        "method", "outcome", "paused", "reused", "sent_at", "unread",
-    )  # fmt: skip
+        "_early",
+        "_early_bytes",
+        "_free",
+        "_head",
+        "_signal",
+        "_sink",
+        "conn",
+        "ended",
+        "error",
+        "got_bytes",
+        "method",
+        "outcome",
+        "paused",
+        "reused",
+        "sent_at",
+        "unread",
+    )
 
     def __init__(self, conn: Connection, method: str, reused: bool, free: Callable[[], None] | None) -> None:
         self.conn = conn
@@ -381,8 +395,9 @@ class Pool:
     """Kept-alive connections to one upstream (``http`` or ``https``), newest first; at most ``limit`` in use
     (0: no cap)."""
 
-    def __init__(self, scheme: str, host: str, port: int, *, connect_timeout_s: float, idle_timeout_s: float,
-                 limit: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, scheme: str, host: str, port: int, *, connect_timeout_s: float, idle_timeout_s: float, limit: int = 0
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.host, self.port = host, port
         self.ssl: ssl.SSLContext | None = ssl.create_default_context() if scheme == "https" else None
