@@ -15,9 +15,9 @@ renders ``/metrics`` on its event loop), so measuring must not land on what is m
   is settled by its closing scrape, so none is made meanwhile (at concurrency 1, one scrape per request).
 - **Not during a prefill.** A scrape does not start while a request is between its arrival and its first token
   (:meth:`Scraper.prefill_started` / :meth:`Scraper.prefill_ended`), for at most :data:`MAX_DEFER_S`, so that at
-  concurrency 1 the end-of-request scrape does not add the render to the next request's TTFT; deferred, it lands
-  between two decode steps instead. Intervals are cut by chunk times, so a later scrape
-  shares its delta as exactly as an earlier one.
+  concurrency 1 the end-of-request scrape does not add the render to the next request's TTFT; deferred, it lands between
+  two decode steps instead. Intervals are cut by chunk times, so a later scrape shares its delta as exactly as an
+  earlier one.
 - **Not before the next request of a closed loop.** A closing scrape asked for as the engine goes idle waits up to
   ``arrival_wait_s`` (50 ms) for a request to arrive, and then for its first token as above. A client at
   concurrency 1 sends its next request as soon as it reads the end of the last, so a scrape started at once could go
