@@ -44,8 +44,8 @@ WORKLOADS = ("ja_chat", "code_agent")
 
 
 # Sized so that the advice rests on enough data (specproxy advise wants 20 requests and 1,000 draft tokens per
-# workload; the three MTP configurations pool 3 x 7 = 21) while the slowest configuration, the baseline at about 110
-# tok/s, sends its 2 x 7 requests of up to 128 tokens in under 20 s.
+# workload; the three MTP configurations pool 3 x 7 = 21) while the slowest configuration, the baseline at the
+# simulator's default speed, sends its 2 x 7 requests of up to 128 tokens in under 20 s.
 @dataclass(frozen=True, slots=True)
 class DemoConfig:
     requests: int = 7  # per workload and configuration

@@ -58,7 +58,7 @@ async def start_app(
         app.middlewares.append(_head_clock_middleware)  # before setup(), which freezes the app
     await runner.setup()
     try:
-        # a listen backlog of 1,024 (aiohttp's default is 128, nginx's 511): a burst of 1,024 new streams was reset
+        # a listen backlog of 1,024 (aiohttp's default is 128, nginx's 511): a burst of that many new streams gets in
         listen: dict[str, Any] = {"reuse_address": reuse_address, "reuse_port": reuse_port, "backlog": 1024}
         if client_header_timeout is None and door is None:
             await web.TCPSite(runner, host, port, **listen).start()

@@ -1,7 +1,8 @@
-"""The package's shape: no import circles, layers import downwards only, modules small enough to read.
+"""The package's shape: no import circles, and layers import downwards only.
 
 The import graph counts every import, at module level or inside a function (a lazy import that dodges a circle is
-still a circle).
+still a circle). How large a function may grow is ruff's to check (C901 and PLR0915 in pyproject.toml); how a module
+is split is left to its ideas.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "specproxy"
-MAX_LINES = 400
 # Layers that must not import these (the pure core imports no layer; attribution is imported by the recorder and the
 # proxy, never the reverse; the load generator is a client and needs nothing of the proxy).
 FORBIDDEN = {
@@ -106,13 +106,3 @@ def test_layers_import_downwards_only() -> None:
             if m == layer or m.startswith(layer + "."):
                 bad += [(m, t) for t in targets if t.startswith(forbidden) and not t.startswith(layer)]
     assert bad == []
-
-
-def test_modules_stay_small_or_say_why() -> None:
-    """A module over MAX_LINES lines says at its top why it is one piece ("One module:" in its docstring)."""
-    long = []
-    for name, f in _modules().items():
-        text = f.read_text(encoding="utf-8")
-        if text.count("\n") > MAX_LINES and "One module:" not in (ast.get_docstring(ast.parse(text)) or ""):
-            long.append((name, text.count("\n")))
-    assert long == []

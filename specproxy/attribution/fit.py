@@ -166,22 +166,19 @@ class DraftModel:
     a request's first steps say little about how often it drafts.
 
     Each ``beta_w`` is pulled towards the pooled figure by a prior worth a fixed amount of evidence: the pooled
-    figure within :data:`PRIOR_SPREAD` of each workload's, one standard deviation (``rho_w`` likewise). A scale-free
-    ridge let a dozen noisy intervals move a workload's figure as far as they liked: on the real CPU vLLM (ngram k =
-    3, 16 requests of two workloads at concurrency 4), per-workload acceptance read 3-10 points off, varying from
-    run to run on the same replies. The prior gives way as intervals accumulate.
+    figure within :data:`PRIOR_SPREAD` of each workload's, one standard deviation (``rho_w`` likewise), so a dozen
+    noisy intervals cannot move a workload's figure far (a scale-free ridge would let them). The prior gives way as
+    intervals accumulate.
     """
 
     MIN_INTERVALS = 30
     MAX_SE = 0.15  # a workload's beta, one standard error, relative to the pooled beta
     PRIOR_SPREAD = 0.3  # relative to the pooled figure, where no second workload says more
     MIN_SPREAD = 0.1  # relative to the pooled figure
-    MAX_ROWS = 256  # at concurrency 64 a refit then costs a few ms, once per settled interval at most
-    # a refit costs in proportion to the members of the intervals kept: at concurrency 256, 41-74 ms four times a
-    # second, at every settled interval (python -m tests.ledger_cost --streams 256 --steps 2000 --ngram [--churn 150]).
-    # Beyond this many members kept, the fit waits for as many more intervals as that is times over: its cost per
-    # interval stays that of a fit at concurrency 64, and the weights are at most that many intervals old. (Keeping
-    # fewer intervals instead read per-workload acceptance up to 1.2 points further off at concurrency 256.)
+    MAX_ROWS = 256  # intervals kept for the fit
+    # A refit costs in proportion to the members of the intervals kept. Beyond this many members kept, the fit waits
+    # for as many more intervals as that is times over: its cost per interval stays that of a fit at concurrency 64,
+    # and the weights are at most that many intervals old (keeping fewer intervals instead would cost accuracy).
     FIT_MEMBERS = 64 * MAX_ROWS
     PASSES = 4
 
@@ -232,9 +229,8 @@ class DraftModel:
         A one-token step drafted with probability ``beta_w * odds`` but at most 1 (a request that brings several
         tokens on more of its steps than its workload accepts first drafts drafts on every step): a request whose
         odds reach ``1 / beta_w`` of the previous pass is taken as hiding one draft in each one-token step, and the
-        rest are fitted again, over :data:`PASSES` passes. (Uncapped, the requests that draft on every step read as
-        hiding more drafts than they have steps, and their workload's beta came out low: on the real CPU vLLM,
-        Japanese chat's first-position acceptance read 0.70-0.73 against 0.64.)"""
+        rest are fitted again, over :data:`PASSES` passes. (Uncapped, the requests that draft on every step would read
+        as hiding more drafts than they have steps, and their workload's beta would come out low.)"""
         self._multi = {w: e.multi / e.steps for w, e in self._workloads.items() if e.steps > 0}
         self._stale = False
         self._unfitted = 0
@@ -351,7 +347,12 @@ class DraftModel:
         n = wls.columns
         seen = [i for i in range(n) if wls.xtx[i][i] > 0]  # a kind of column never seen has nothing to pin
         return bool(seen) and all(
-            _pinned(wls, (a, sol), [[1.0 if j == i else 0.0 for j in range(n)]], self.MIN_INTERVALS,
-                    self.MAX_SE * max(prior[i], 0.05))
+            _pinned(
+                wls,
+                (a, sol),
+                [[1.0 if j == i else 0.0 for j in range(n)]],
+                self.MIN_INTERVALS,
+                self.MAX_SE * max(prior[i], 0.05),
+            )
             for i in seen
-        )  # fmt: skip
+        )

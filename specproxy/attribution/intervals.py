@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from specproxy.attribution.counts import SpecCounts
 
 
-@dataclass(slots=True)  # not frozen: made per event, and a frozen __init__ costs 4x
+@dataclass(slots=True)  # not frozen: made per event, and a frozen __init__ is several times slower
 class Chunk:
     """A token-bearing chunk as the ledger keeps it until an interval takes it."""
 
@@ -104,9 +104,7 @@ class Evidence:
         A drafting step brings several tokens when its first draft is accepted (probability ``first_accept``, a).
         A request that drafts on a share p of its steps brings several tokens on f = p a of them and one token on
         the rest, of which p (1 - a) drafted: q = p (1 - a) / (1 - f) = f / (1 - f) * (1 - a) / a, and 1 when
-        f >= a (every step drafts). On the real CPU vLLM (ngram k = 3) this put a reply that drafts on 13 % of its
-        steps and one that drafts on 90 % each within a few hundredths of their true q (0.04 and 0.81), from one
-        a (0.64) for both workloads.
+        f >= a (every step drafts).
         """
         odds = self.multi_odds(workload_multi)
         if odds is None or first_accept is None or not 0.0 < first_accept <= 1.0:
@@ -178,10 +176,9 @@ def step_quota(engine_steps: float | None, owed: int, available: int, in_flight:
     arrived, ``available`` our decode chunks that arrived by the scrape (with slack). Chunks of counted steps can
     still be on their way: take what is here and owe the rest, up to :data:`LATE_STEPS` per stream in flight (at
     least one, for the last step of a request whose end raced the scrape). A reader on a busy host falls several
-    steps behind every stream; owed, its late chunks meet the next interval's cut, where counted as foreign they had
-    taken a share of the delta to nobody (a load generator beside two busy processes shared 5 % fewer drafts than
-    the engine counted). More missing than that means steps our streams cannot explain (another client, a
-    non-streamed request): None, cut by time. A stream whose end was read has no chunk on its way.
+    steps behind every stream; owed, its late chunks meet the next interval's cut, where counted as foreign they
+    would take a share of the delta to nobody. More missing than that means steps our streams cannot explain
+    (another client, a non-streamed request): None, cut by time. A stream whose end was read has no chunk on its way.
     """
     if engine_steps is None:
         return None, owed
@@ -216,8 +213,8 @@ class Interval:
     all_exact: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        # summed once (the members are fixed once cut): each member asks as it ends, and a sum per ask made sharing
-        # out n requests cost O(n^2): 981 ms for 1,024 ending together (python -m tests.ledger_cost --streams 1024)
+        # summed once (the members are fixed once cut): each member asks as it ends, and a sum per ask would make
+        # sharing out n requests cost O(n^2)
         acts = self.members.values()
         self.steps, self.known_drafted = sum(a.steps for a in acts), sum(a.known_drafted for a in acts)
         self.all_exact = all(a.exact for a in acts)
@@ -258,9 +255,8 @@ class Interval:
         """(drafts beyond the steps known to have drafted, decode steps, each member's workload, steps not known to
         have drafted and evidence): what teaches the drafting model
         (:class:`~specproxy.attribution.fit.DraftModel`); None without drafts. An interval cut by time can hold
-        foreign steps: mostly our own late chunks when a busy reader falls behind, so it teaches all the same (a
-        reader of the real CPU vLLM beside two busy processes had most of its intervals so; left out, the model had
-        nothing to learn from and one workload's drafts read 15 points off)."""
+        foreign steps: mostly our own late chunks when a busy reader falls behind, so it teaches all the same (left
+        out, a busy reader's model would have little to learn from)."""
         if self.delta.drafts <= 0:
             return None
         members = [
@@ -354,8 +350,9 @@ class Interval:
         if not inexact:
             return _AcceptPlan(exact_rest, exact_rest_pos, {}, 0.0, [0.0] * k)
         if exact_rest <= 0:  # nothing left for the inexact members
-            return _AcceptPlan(exact_rest, exact_rest_pos, {m: 0.0 for ids in inexact.values() for m in ids}, 0.0,
-                               [0.0] * k)  # fmt: skip
+            return _AcceptPlan(
+                exact_rest, exact_rest_pos, {m: 0.0 for ids in inexact.values() for m in ids}, 0.0, [0.0] * k
+            )
         rest, rest_pos = exact_rest, exact_rest_pos
         if self.foreign_steps:  # the remainder is also the foreign steps': keep only our inexact steps' part
             ours = sum(a.steps for a in self.members.values() if not a.exact)

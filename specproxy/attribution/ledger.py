@@ -132,8 +132,8 @@ class CounterLedger:
     def record_read(self, rid: str, tokens: list[int], t_ns: int, *, exact: bool, first_decode: bool) -> None:
         """One read of ``rid`` brought these token-bearing chunks (``first_decode``: the first of them is a decode
         step, not the prefill). Several chunks in one read are steps the reader was late for: each is dated
-        between the request's previous read and this one (:func:`read_times`), so a late read of one stream no
-        longer sorts all its steps ahead of other streams' earlier steps at the next cut."""
+        between the request's previous read and this one (:func:`read_times`), so a late read of one stream does
+        not sort all its steps ahead of other streams' earlier steps at the next cut."""
         r = self._req.get(rid)
         prev = None
         if r is not None:
@@ -160,9 +160,8 @@ class CounterLedger:
     def _in_order(self) -> None:
         """An interval takes its quota of chunks off the front: the earliest read. Chunks of several relays reach
         one bookkeeper batch by batch, one relay's behind another's by its flush delay (more on a busy host); cut in
-        arrival order, an interval took more of one relay's streams than were read in it and moved drafts between
-        workloads (--workers 2 on the real CPU vLLM: 11 points off per workload, totals exact). A few interleaved
-        runs: timsort merges them in about linear time."""
+        arrival order, an interval would take more of one relay's streams than were read in it and move drafts
+        between workloads. A few interleaved runs: timsort merges them in about linear time."""
         if self._unordered:
             self._chunks = deque(sorted(self._chunks, key=_read_at))
             self._unordered = False
@@ -306,8 +305,7 @@ class CounterLedger:
             # (Incomplete: its last step's interval never settled, and no interval may take the tail for it.)
             # The unemitted drafts of a max_tokens cut are counted in the step that sent its last chunk, so only
             # the interval holding that step may give them to it. An earlier interval's unexplained remainder is not
-            # its: it kept streaming after. (Giving each interval's remainder read 15 % over the counter delta on a
-            # busy machine, where late stamps leave remainders of both signs and only the positive ones were taken.)
+            # its: it kept streaming after (and on a busy machine late stamps leave remainders of both signs).
             r.intervals[-1].truncated.add(rid)
         mine = SpecCounts()
         for interval in r.intervals:

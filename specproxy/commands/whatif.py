@@ -106,8 +106,10 @@ def register(app: typer.Typer) -> None:
         if seen == 0:
             fail("no completion records in the files")
         if not seqs:
-            fail(f"none of {seen} records can be replayed token-exactly: {skipped_capture} without --capture full "
-                 f"body and text, {skipped_len} whose token counts differ from the server's usage")  # fmt: skip
+            fail(
+                f"none of {seen} records can be replayed token-exactly: {skipped_capture} without --capture full "
+                f"body and text, {skipped_len} whose token counts differ from the server's usage"
+            )
         rows = []
         for wl in sorted(seqs):
             for kk in ks:
@@ -116,16 +118,31 @@ def register(app: typer.Typer) -> None:
                     total.add(replay(t.prompt, t.output, kk, prompt_lookup_min, prompt_lookup_max, max_model_len))
                 rows.append(_row(wl, kk, total, len(seqs[wl]), draft_cost))
         out = {
-            "method": method, "prompt_lookup_min": prompt_lookup_min, "prompt_lookup_max": prompt_lookup_max,
-            "max_model_len": max_model_len, "draft_cost": draft_cost, "records": seen,
-            "replayed": sum(len(v) for v in seqs.values()), "skipped_no_capture": skipped_capture,
-            "skipped_token_mismatch": skipped_len, "rows": rows,
-        }  # fmt: skip
+            "method": method,
+            "prompt_lookup_min": prompt_lookup_min,
+            "prompt_lookup_max": prompt_lookup_max,
+            "max_model_len": max_model_len,
+            "draft_cost": draft_cost,
+            "records": seen,
+            "replayed": sum(len(v) for v in seqs.values()),
+            "skipped_no_capture": skipped_capture,
+            "skipped_token_mismatch": skipped_len,
+            "rows": rows,
+        }
         if format == "json":
             typer.echo(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
             return
-        cols = ["workload", "k", "requests", "acceptance", "acceptance_high", "mean_acceptance_length",
-                "drafting_share", "predicted_speedup", "tail_open"]  # fmt: skip
+        cols = [
+            "workload",
+            "k",
+            "requests",
+            "acceptance",
+            "acceptance_high",
+            "mean_acceptance_length",
+            "drafting_share",
+            "predicted_speedup",
+            "tail_open",
+        ]
         typer.echo("  ".join(cols))
         for r in rows:
             typer.echo("  ".join(_fmt(r[c]) for c in cols))

@@ -18,7 +18,7 @@ import orjson
 ChunkKind = Literal["chunk", "done", "error", "non_json"]
 
 
-@dataclass(slots=True)  # not frozen: made per event, and a frozen __init__ costs 4x
+@dataclass(slots=True)  # not frozen: made per event, and a frozen __init__ is several times slower
 class StreamChunk:
     kind: ChunkKind
     id: str | None = None
@@ -85,8 +85,9 @@ def _usage_count(value: Any) -> tuple[int | None, bool]:
 # The keys of the common streamed chunk (vLLM, SGLang, and the rest alike: one choice, a text delta, perhaps a usage
 # block), which :func:`_plain_chunk` reads in one pass. Any other key (``metrics``, ``timings``, ``error``,
 # ``system_fingerprint``, ``kv_transfer_params``, ``meta_info``, ...) takes the whole reading.
-_PLAIN_TOP = frozenset(("id", "object", "created", "model", "choices", "usage", "service_tier", "prompt_token_ids",
-                        "prompt_text"))  # fmt: skip
+_PLAIN_TOP = frozenset(
+    ("id", "object", "created", "model", "choices", "usage", "service_tier", "prompt_token_ids", "prompt_text")
+)
 _PLAIN_CHOICE = frozenset(
     ("index", "delta", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_token_ids")
 )

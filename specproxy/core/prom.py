@@ -37,8 +37,8 @@ def _created_target(name: str) -> str:
     return name[: -len("_created")] + "_total"
 
 
-# The families a recorder reads (every engine adapter below), as line prefixes. vLLM's /metrics is ~55 KB and
-# prometheus_client's parser is pure Python (~11 ms for the whole text): filtering lines first keeps a scrape's
+# The families a recorder reads (every engine adapter below), as line prefixes. vLLM's /metrics is tens of KB and
+# prometheus_client's parser is pure Python: filtering lines first keeps a scrape's
 # cost on the event loop small (the histogram buckets alone are most of the text).
 RECORDER_FAMILIES: tuple[str, ...] = (
     "vllm:spec_decode_",

@@ -7,8 +7,8 @@ objects. Every record carries ``schema_version``; readers accept every older ver
 missing), so readers use the fields as typed. Pure: :func:`parse_line` takes bytes; the thin file reading is
 :func:`read_records`.
 
-One module: the types, the upgrade chain and the typed reader change together with every schema version; apart,
-a field added to one and not the others is the drift this layout prevents.
+The types, the upgrade chain and the typed reader live together because they change together with every schema
+version.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Record(TypedDict):
     reads: int
     multi_event_reads: int
     keepalives: int
-    buffer_sized_reads: int | None  # reads of exactly 2**n bytes, 1-64 KiB: a buffering hop's; null before v6
+    buffer_sized_reads: int | None  # reads of exactly 2**n bytes, 1 KiB up to 64 KiB: a buffering hop's; null before v6
     chunks_are_steps: bool
     flags: list[str]
     proxy_overhead_s: Overhead | None

@@ -16,8 +16,8 @@ generator captured (parsed JSON, or the text of a body that is not JSON) and ret
 
 docs/records.md ("What a captured body keeps") explains the choices to users.
 
-One module: it is the whole policy a secret meets on its way to disk (key words, credential patterns, JSON, forms,
-free text, depth), kept together so that one reading shows every rule and no path around them.
+This is the whole policy a secret meets on its way to disk (key words, credential patterns, JSON, forms, free text,
+depth), kept together so that one reading shows every rule and no path around them.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def _secret_words(name: str) -> bool:
 # Each pattern matches a credential by its own shape, so it is safe in any text, prompts included: a format with a
 # fixed prefix and a long random part, or a scheme that announces one. Opaque random strings without such a mark (a
 # bare 40-character AWS secret) cannot be told from text and are caught by their key instead. Every pattern starts
-# with a literal, so the regex engine skips ahead to it (one pass per pattern costs about 1 ms per MB); the
+# with a literal, so the regex engine skips ahead to it (one fast pass per pattern); the
 # word-boundary checks come after the literal for that reason. Group "s", when there, is the part replaced.
 CREDENTIAL_PATTERNS = tuple(
     re.compile(p)

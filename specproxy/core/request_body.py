@@ -2,8 +2,8 @@
 
 The relay forwards the bytes untouched; the recorder wants the body's ``model``, ``stream``, the last user message
 (for workload rules) and, per ``--capture``, the body itself. Parsing a body costs time and memory in proportion to
-its number of elements, not its bytes: a 60 MB JSON body of tiny elements took 12 s and 3 GB on the event loop,
-freezing every stream. So only a body up to ``limit`` bytes is parsed; a larger one is relayed as it is, its
+its number of elements, not its bytes: a large body of tiny elements would freeze every stream for seconds on the
+event loop. So only a body up to ``limit`` bytes is parsed; a larger one is relayed as it is, its
 ``model`` and ``stream`` read by pattern from its first :data:`SCAN_BYTES` (top-level keys usually come first),
 and it is not captured (the record says ``body_too_large``). Pure: bytes in, facts out.
 """
@@ -29,7 +29,7 @@ def stalled(idle_s: float) -> str:
 
 class Body:
     """A request body in the pieces it arrived in. A large body is never joined into one object: copying tens of
-    megabytes at once (``bytes(bytearray)``: 37 ms for 60 MB) stalls every other stream on the relay's loop. It is
+    megabytes at once (``bytes(bytearray)``) stalls every other stream on the relay's loop. It is
     forwarded piece by piece (:meth:`pieces`), and the bookkeeping gets at most its head (:meth:`head`)."""
 
     __slots__ = ("_pieces", "size")
@@ -94,8 +94,9 @@ def inspect_body(body: bytes, limit: int) -> BodyFacts:
             except orjson.JSONDecodeError:
                 model = None
         s = _STREAM.search(head)
-        return BodyFacts(None, model if isinstance(model, str) else None, s is not None and s.group(1) == b"true",
-                         True, size)  # fmt: skip
+        return BodyFacts(
+            None, model if isinstance(model, str) else None, s is not None and s.group(1) == b"true", True, size
+        )
     parsed: Any = None
     if body and body[:1] in _JSON_START:
         try:

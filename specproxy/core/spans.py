@@ -32,7 +32,7 @@ _CJK = re.compile(
 # math modes
 _NO_MATH, _DOLLAR, _DOUBLE_DOLLAR, _BRACKET, _PAREN = range(5)
 # A delta longer than this (no engine streams one; a hostile or broken one might) is classified by its beginning: the
-# per-character walk costs about 0.2 us a character in the bookkeeper, which serves every stream
+# per-character walk costs the bookkeeper, which serves every stream, time in proportion to its length
 MAX_SCAN = 4096
 _MAX_DEPTH = 64  # JSON nesting counted up to this; deeper braces count as this deep (state stays bounded)
 _INDENT = 4

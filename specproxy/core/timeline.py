@@ -4,9 +4,6 @@ Pure: times come in as ``perf_counter_ns`` integers from the caller, bytes come 
 work is one SSE (or NDJSON) scan and one small JSON parse per event, read by the response's wire dialect
 (:mod:`specproxy.core.dialects`: OpenAI, SGLang and llama.cpp native, Ollama, Anthropic Messages, OpenAI Responses);
 nothing is re-serialised. :meth:`ResponseTimeline.result` turns it into the figures a record needs.
-
-One module: :class:`ResponseTimeline` is one state machine fed per read, and the functions after it rescale its
-result to a total counted elsewhere (the usage, the server's tokenizer): the same fields, read in one place.
 """
 
 from __future__ import annotations

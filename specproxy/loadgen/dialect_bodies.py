@@ -37,8 +37,13 @@ def dialect_body(endpoint: str, chat: dict[str, Any]) -> tuple[str, dict[str, An
         return path, body
     if endpoint == "messages":
         system = [m for m in messages if m.get("role") == "system"]
-        body = {"model": model, "messages": [m for m in messages if m.get("role") != "system"],
-                "max_tokens": max_tokens or 1024, "temperature": temperature, "stream": True}  # fmt: skip
+        body = {
+            "model": model,
+            "messages": [m for m in messages if m.get("role") != "system"],
+            "max_tokens": max_tokens or 1024,
+            "temperature": temperature,
+            "stream": True,
+        }
         if system:
             body["system"] = _as_text(system)
         return path, body
@@ -48,8 +53,12 @@ def dialect_body(endpoint: str, chat: dict[str, Any]) -> tuple[str, dict[str, An
             body["max_output_tokens"] = max_tokens
         return path, body
     if endpoint == "llamacpp":
-        return path, {"prompt": _as_text(messages), "n_predict": max_tokens or -1, "temperature": temperature,
-                      "stream": True}  # fmt: skip
+        return path, {
+            "prompt": _as_text(messages),
+            "n_predict": max_tokens or -1,
+            "temperature": temperature,
+            "stream": True,
+        }
     params: dict[str, Any] = {"temperature": temperature}
     if max_tokens:
         params["max_new_tokens"] = max_tokens

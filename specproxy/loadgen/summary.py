@@ -9,8 +9,8 @@ over repeats. Latency and decode figures use requests that finished ``ok``.
 A workload's speed is its decode tok/s (per request, median). The output rate is a figure of the whole run: every
 workload's completion tokens over the run's wall-clock span (median over repeats), shown once under the table with
 each workload's share of it. It is not shown per workload: workloads sent interleaved share one span, so a
-workload's tokens over it would read as a speed (10 tok/s for a workload decoding at 26 tok/s, when three share a
-run at concurrency 1).
+workload's tokens over it would read as a speed (a fraction of its decode speed, when several share a run at
+concurrency 1).
 """
 
 from __future__ import annotations
@@ -119,19 +119,39 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
 def format_summary(s: RunSummary, *, title: str = "") -> str:
     lines: list[str] = [title] if title else []
     repeats = max((w.repeats for w in s.workloads), default=0)
-    header = ["workload", "ok", "errors", "decode tok/s", "TTFT p50", "TTFT p99", "ITL p50",
-              "step p50", "acceptance", "accept len", "source"]  # fmt: skip
+    header = [
+        "workload",
+        "ok",
+        "errors",
+        "decode tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "step p50",
+        "acceptance",
+        "accept len",
+        "source",
+    ]
     rows = [header]
     for w in s.workloads:
         f = w.figure
         cancelled = w.outcomes.get("client_cancelled", 0)
         err = str(w.errors) + (f" ({cancelled} cancelled)" if cancelled else "")
-        rows.append([
-            w.get("workload") or "-", str(w.outcomes.get("ok", 0)), err, _f(f("decode_tok_s_p50")),
-            _ms(f("ttft_s_p50")), _ms(f("ttft_s_p99")), _ms(f("itl_s_p50")),
-            _ms(f("step_s_p50")), _f(f("acceptance_rate"), ".3f"), _f(f("mean_acceptance_length"), ".2f"),
-            acceptance_source(w) or "-",
-        ])  # fmt: skip
+        rows.append(
+            [
+                w.get("workload") or "-",
+                str(w.outcomes.get("ok", 0)),
+                err,
+                _f(f("decode_tok_s_p50")),
+                _ms(f("ttft_s_p50")),
+                _ms(f("ttft_s_p99")),
+                _ms(f("itl_s_p50")),
+                _ms(f("step_s_p50")),
+                _f(f("acceptance_rate"), ".3f"),
+                _f(f("mean_acceptance_length"), ".2f"),
+                acceptance_source(w) or "-",
+            ]
+        )
     if len(rows) == 1:
         lines.append("no requests were recorded")
     else:
@@ -148,11 +168,13 @@ def format_summary(s: RunSummary, *, title: str = "") -> str:
         spread = [["workload", "decode tok/s", "acceptance"]]
         for w in s.workloads:
             d, a = w.figures["decode_tok_s_p50"], w.figures["acceptance_rate"]
-            spread.append([
-                w.get("workload") or "-",
-                f"{_f(d.value)} ({_f(d.min)}-{_f(d.max)})" if d.n else "-",
-                f"{_f(a.value, '.3f')} ({_f(a.min, '.3f')}-{_f(a.max, '.3f')})" if a.n else "-",
-            ])  # fmt: skip
+            spread.append(
+                [
+                    w.get("workload") or "-",
+                    f"{_f(d.value)} ({_f(d.min)}-{_f(d.max)})" if d.n else "-",
+                    f"{_f(a.value, '.3f')} ({_f(a.min, '.3f')}-{_f(a.max, '.3f')})" if a.n else "-",
+                ]
+            )
         lines.extend(_table(spread))
     if s.send_lag_s is not None:
         lag = s.send_lag_s

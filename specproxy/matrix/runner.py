@@ -192,8 +192,9 @@ class MatrixRunner:
             if plan.warmup:
                 tracker.phase("warm-up")
                 self._tick(tracker)
-                await closed_loop(client, iter(with_model(plan.warmup, model)), plan.concurrency, repeat=None,
-                                  warmup=True)  # fmt: skip
+                await closed_loop(
+                    client, iter(with_model(plan.warmup, model)), plan.concurrency, repeat=None, warmup=True
+                )
                 tracker.add_done(len(plan.warmup))
             for repeat in range(plan.repeats):
                 for name, reqs in plan.per_workload:

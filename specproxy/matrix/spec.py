@@ -27,9 +27,22 @@ _LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]{0,63}")
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _PLACEHOLDERS = ("port", "host", "label", "results", "cache", "python")
 _TOP_KEYS = {
-    "version", "results", "workloads", "requests", "warmup", "repeats", "concurrency", "max_tokens", "seed",
-    "model", "endpoint", "start_timeout", "stop_timeout", "env", "configurations",
-}  # fmt: skip
+    "version",
+    "results",
+    "workloads",
+    "requests",
+    "warmup",
+    "repeats",
+    "concurrency",
+    "max_tokens",
+    "seed",
+    "model",
+    "endpoint",
+    "start_timeout",
+    "stop_timeout",
+    "env",
+    "configurations",
+}
 _CONFIG_KEYS = {"label", "group", "command", "url", "env", "health", "start_timeout", "model", "k", "metrics"}
 
 

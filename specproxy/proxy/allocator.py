@@ -3,11 +3,10 @@ is memory the event loop can use again.
 
 glibc gives each thread that allocates while another holds the main arena an arena of its own (up to eight per core)
 and keeps what it frees there. The bookkeeper runs work in threads (the live advice over its window every
-``--advise-every``, the parse of a scrape, the record file's appends): each refresh of the advice grew the thread's
-arena by megabytes, in steps, for minutes (``specproxy bench --soak``: the bookkeeper 71.7 MB at 1 min, 88.7 MB at
-4 min, flat after). In one process the same computation in a thread kept 6.6 MB more than on the loop's thread; with
-one arena, 0.3 MB. Python holds the GIL around almost every allocation, so one arena costs no contention worth the
-name. ``MALLOC_ARENA_MAX`` in the environment, when set, is the user's choice and is left alone.
+``--advise-every``, the parse of a scrape, the record file's appends), and each refresh of the advice would grow the
+thread's arena by megabytes, in steps, for minutes. Python holds the GIL around almost every allocation, so one arena
+costs no contention worth the name. ``MALLOC_ARENA_MAX`` in the environment, when set, is the user's choice and is
+left alone.
 """
 
 from __future__ import annotations

@@ -34,8 +34,7 @@ PARENT_CHECK_S = 0.5
 async def open_control(sock: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """The control socket's streams; and a watch that ends its orders (EOF) when the main process is gone. The main
     process's end of the socket says so when it closes, but not while any other process still holds a copy of it;
-    the parent's pid changing says it whatever holds what. (Seen once: a relay and the bookkeeper alive long after
-    their main process had ended, in a test run slowed tenfold by tracemalloc; the cause was not established.)"""
+    the parent's pid changing says it whatever holds what."""
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     parent = os.getppid()
     task = asyncio.get_running_loop().create_task(_watch_parent(parent, sock))

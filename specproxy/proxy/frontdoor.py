@@ -1,27 +1,18 @@
 """The fast lane: the relay's own front door for the common request, before aiohttp's.
 
-Under a burst of new streams most of a relay's CPU per request was aiohttp's server (its protocol, parser, request
-and response objects, router and middleware): about twice what specproxy's own work per request cost. An inference
-request is nearly always the same plain thing: ``POST /v1/... HTTP/1.1``, a Content-Length, a small JSON body that
-comes with its head; beside it clients send plain GETs (``/health``, ``/v1/models``, the proxy's own status). The
-fast lane reads such a request itself (:mod:`specproxy.proxy.plain`), relays it through the same flow as every other
-(:func:`specproxy.proxy.relay.relay_request`), or answers the proxy's own endpoints as aiohttp's door does, and
-writes the answer's head itself, framed as aiohttp frames it.
+aiohttp's server (protocol, parser, request and response objects, router, middleware) costs more CPU per request
+than the relay's own work, and an inference request is nearly always the same plain thing: ``POST /v1/... HTTP/1.1``
+with a Content-Length and a small JSON body, or a plain GET (``/health``, ``/v1/models``, the proxy's own status).
+The fast lane reads such a request itself (:mod:`specproxy.proxy.plain`), relays it through the same flow as every
+other (:func:`specproxy.proxy.relay.relay_request`) or answers the proxy's own endpoints, and writes the answer's
+head framed as aiohttp frames it.
 
-Anything else is aiohttp's, whole: the connection is handed to aiohttp's protocol with every byte of the request
-received so far (:meth:`FastDoor._hand_off`), before a byte of it was acted on, and stays with aiohttp. That is any
-method but POST and GET (a GET with a body too), any HTTP version but 1.1, a target that is not a plain origin-form
-path, Transfer-Encoding, Expect, Upgrade, a body over :data:`~specproxy.proxy.plain.FAST_BODY_MAX` or over
-``--max-body``, a head over :data:`~specproxy.proxy.plain.MAX_HEAD` or with anything a strict reader would refuse or
-could read two ways (a bare CR or LF, obs-fold, whitespace before a colon, a control character, two
-Content-Lengths). So the fast lane needs no error answers of its own but one: what it cannot read plainly, aiohttp
-reads, refuses and logs as it always did.
-
-What the fast lane keeps of aiohttp's behaviour: the head's deadline (closed unanswered, as
-:class:`specproxy.serving._HeadClock` does), the body's idle deadline (408, its one error answer), keep-alive and
-pipelined requests, handler cancellation when the client leaves, the stop in two steps
-(:meth:`FastLane.pre_shutdown`), and the fields aiohttp adds to an answer (Date, Server, Content-Type for a body
-without one, Connection: close).
+Anything else (another method or version, Transfer-Encoding, Expect, Upgrade, a large body or head, anything a
+strict reader would refuse or could read two ways) is handed to aiohttp's protocol whole, with every byte received
+so far and before any was acted on (:meth:`FastDoor._hand_off`); so the fast lane has one error answer of its own,
+the body's idle deadline (408). It keeps aiohttp's head deadline, keep-alive and pipelining, handler cancellation
+when the client leaves, the stop in two steps (:meth:`FastLane.pre_shutdown`) and the fields aiohttp adds to an
+answer.
 """
 
 from __future__ import annotations

@@ -11,10 +11,6 @@ and large request bodies are shed (per request, from the first shed chunk on: a 
 interpreted), counted per kind, and the request's record is flagged ``bookkeeping_shed``. Past ``hard_bytes`` a new
 request is not handed to the bookkeeping at all: counted as a lost record, which makes the proxy exit non-zero, as
 records the sink cannot write do. The same when the bookkeeper is gone: relaying goes on, records are counted lost.
-
-One module: the relay's whole side of its channel (events out with their flushing and shedding, answers and
-acknowledgements in, and the loss counted from both, per cause) is one object's state; apart, a lost record could be
-counted twice or not at all.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ log = logging.getLogger("specproxy.proxy")
 
 STATS_INTERVAL_S = 0.5
 # Events to a bookkeeper process go out at most this often (and at once past FLUSH_BYTES): one write to its socket
-# per loop iteration was a tenth of a relay's CPU at 256 streams, and woke the bookkeeper as often. Times are the
+# per loop iteration costs a relay much CPU at hundreds of streams, and wakes the bookkeeper as often. Times are the
 # relay's own stamps, so the delay changes no figure; records come this much later.
 FLUSH_EVERY_S = 0.005
 FLUSH_BYTES = 256 * 1024
@@ -74,9 +70,19 @@ class Relayed:
     """One request as its relay follows it: a number, an id, and what is known without reading anything."""
 
     __slots__ = (
-        "cause", "finished", "inference", "lost", "ov_max", "ov_n", "ov_ns", "request_id", "retried", "seq", "shed",
+        "cause",
+        "finished",
+        "inference",
+        "lost",
+        "ov_max",
+        "ov_n",
+        "ov_ns",
+        "request_id",
+        "retried",
+        "seq",
+        "shed",
         "start_ns",
-    )  # fmt: skip
+    )
 
     def __init__(self, seq: int, start_ns: int) -> None:
         self.seq = seq
@@ -241,7 +247,7 @@ class EventLink:
             self.shed["body"] += 1
             self.shed_requests += 1
         else:
-            body = whole.whole()  # at most --capture-max-bytes (1 MB by default): a copy the loop can afford
+            body = whole.whole()  # at most --capture-max-bytes (1 MiB by default): a copy the loop can afford
         self._append(BEGIN, seq, r.start_ns, begin_payload(doc, body))
         if r.inference:
             self._handed[seq] = r
@@ -360,9 +366,13 @@ class EventLink:
         """What this relay tells the main process as it ends: every inference request it finished is either
         written (acknowledged) or lost, by cause."""
         return {
-            "lost": self.lost, "lost_by": dict(self.lost_by), "finished": self.finished, "written": self.written,
-            "pending": self.pending, "doubtful": self.doubtful,
-        }  # fmt: skip
+            "lost": self.lost,
+            "lost_by": dict(self.lost_by),
+            "finished": self.finished,
+            "written": self.written,
+            "pending": self.pending,
+            "doubtful": self.doubtful,
+        }
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -89,9 +89,14 @@ class Upstream:
         if auth is None and url.user is not None:
             auth = basic_authorization(url.user or "", url.password or "")
         return cls(
-            url.scheme, host, url.port or 80, url.host_port_subcomponent or host, urlsplit(base).path.rstrip("/"),
-            (host, f"[{host}]"), auth,
-        )  # fmt: skip
+            url.scheme,
+            host,
+            url.port or 80,
+            url.host_port_subcomponent or host,
+            urlsplit(base).path.rstrip("/"),
+            (host, f"[{host}]"),
+            auth,
+        )
 
 
 @dataclass(slots=True)

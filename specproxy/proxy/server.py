@@ -151,7 +151,7 @@ async def _proxy(request: web.Request, target: str, path: str) -> web.StreamResp
 
 def _arrived_body(request: web.Request, limit: int) -> Body | None:
     """The body when all of it came with the head (a small request: the usual case), taken as :func:`read_body`
-    would take it but without arming its idle timer, which was a tenth of the handler's time under a burst of new
+    would take it but without arming its idle timer, a large share of the handler's time under a burst of new
     streams; None when some of it is still to come, or it is over ``limit`` (:func:`read_body` then answers)."""
     content = request.content
     if not request.body_exists:
@@ -224,9 +224,13 @@ def build_app(cfg: ProxyConfig, channel: socket.socket | None = None) -> web.App
         app[SESSION] = session
         up = app[UPSTREAM]
         app[POOL] = pool = Pool(
-            up.scheme, up.host, up.port, connect_timeout_s=cfg.connect_timeout_s, idle_timeout_s=cfg.idle_timeout_s,
+            up.scheme,
+            up.host,
+            up.port,
+            connect_timeout_s=cfg.connect_timeout_s,
+            idle_timeout_s=cfg.idle_timeout_s,
             limit=cfg.max_connections,
-        )  # fmt: skip
+        )
         relay.pool = pool
         keeper: Bookkeeper | None = None
         try:

@@ -81,11 +81,14 @@ class _Supervisor:
         status = await _reap_soon(c)
         how = _how(status)
         if c.role == "bookkeeper":
-            log.error("the bookkeeper process %d ended (%s): relaying goes on; records of requests meanwhile are "
-                      "counted lost", c.pid, how)  # fmt: skip
+            log.error(
+                "the bookkeeper process %d ended (%s): relaying goes on; records of requests meanwhile are "
+                "counted lost",
+                c.pid,
+                how,
+            )
         else:
-            log.error("the relay process %d ended (%s): its connections are lost, the other relays go on",
-                      c.pid, how)  # fmt: skip
+            log.error("the relay process %d ended (%s): its connections are lost, the other relays go on", c.pid, how)
         self._deaths[c.role] = deaths = recent_deaths(self._deaths[c.role], time.monotonic())
         delay = restart_delay(len(deaths))
         if delay is None:
@@ -220,8 +223,9 @@ async def supervise(w: Workers, drain_s: float, on_ready: Callable[[int], None])
     def on_signal(signum: int) -> None:
         name = signal.Signals(signum).name
         if not stop.is_set():
-            log.warning("%s: stopping; requests in flight get up to %g s to finish (a second signal cuts them)",
-                        name, drain_s)  # fmt: skip
+            log.warning(
+                "%s: stopping; requests in flight get up to %g s to finish (a second signal cuts them)", name, drain_s
+            )
             begin_stop()
         elif not cut.event.is_set():
             log.warning("%s again: cutting the requests in flight; their records are written", name)
@@ -232,8 +236,10 @@ async def supervise(w: Workers, drain_s: float, on_ready: Callable[[int], None])
             log.warning("%s: already stopping, writing the last records (SIGKILL ends the process now)", name)
 
     def on_hup() -> None:
-        log.warning("SIGHUP: the record file is reopened: the next records go to a file by its name now (logrotate "
-                    "may have moved the old one); nothing else changes")  # fmt: skip
+        log.warning(
+            "SIGHUP: the record file is reopened: the next records go to a file by its name now (logrotate "
+            "may have moved the old one); nothing else changes"
+        )
         _tell(sup.w.keeper, do="reopen")
 
     loop = asyncio.get_running_loop()

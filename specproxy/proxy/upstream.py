@@ -1,25 +1,16 @@
 """The relay's own HTTP/1.1 client to the engine: a pool of kept-alive connections, one exchange at a time on each.
 
-Why not aiohttp's client: relaying a streamed reply read by read through it wakes a task per read and goes through
-its reader and writer in Python; at hundreds of streams that was most of a relay's CPU. Here the connection's
-``data_received`` does the whole per-read work itself: it stamps the read, takes the framing off
-(:mod:`specproxy.proxy.http1`) and hands the bytes to the exchange's sink, which writes them to the client and
-appends the event for the bookkeeping (:mod:`specproxy.proxy.server`). No task wakes per read; the handler waits for
-the end of the reply, or for a slow client's buffer to drain (then this connection stops reading until it has).
+A connection's ``data_received`` does the whole per-read work of a streamed reply itself: it stamps the read, takes
+the framing off (:mod:`specproxy.proxy.http1`) and hands the bytes to the exchange's sink, which writes them to the
+client and appends the event for the bookkeeping (:mod:`specproxy.proxy.server`). No task wakes per read, as one
+would through aiohttp's client; the handler waits for the end of the reply, or for a slow client's buffer to drain.
+Each exchange has one timer, moved on lazily to the last read plus the idle timeout, and idle connections are closed
+after :data:`CLIENT_KEEPALIVE_S`, before the engine closes them.
 
-Timeouts without a timer per read: each exchange has one timer, moved on lazily to the last read plus the idle
-timeout. Idle connections are closed after :data:`CLIENT_KEEPALIVE_S`, before the engine closes them (vLLM: 5 s).
-A request whose pooled connection fails before any byte of an answer, within :data:`RESEND_WITHIN_S` of sending (the
-engine, or a balancer, closed the kept-alive connection as it was reused), is sent once more on a new connection,
-but only when it cannot have been applied (RFC 9110 9.2.2: a proxy must not retry a non-idempotent request unless
-it knows it was not): an idempotent method (``GET``, ``HEAD``, ``PUT``, ``DELETE``, ``OPTIONS``, ``TRACE``), or a
-connection that was closed when the request was written or was reset under it (a peer's kernel resets a
-connection whose owner closed it with our bytes unread). A clean close after the request went out is an engine that
-may have read it whole and died on it: a ``POST`` then gets a 502, never a second generation (nginx's
-``proxy_next_upstream`` does not retry non-idempotent requests either).
-
-One module: a connection, the exchange it carries and the pool it returns to are one state machine (who may read,
-who is told of the end, who gets the connection next), and each reaches into the others' state.
+A request whose pooled connection fails before any byte of an answer, within :data:`RESEND_WITHIN_S` of sending, is
+sent once more on a new connection only when it cannot have been applied (RFC 9110 9.2.2): an idempotent method, or
+a connection closed when the request was written or reset under it. A ``POST`` on a connection that closed cleanly
+after the request went out gets a 502, never a second generation.
 """
 
 from __future__ import annotations
@@ -75,9 +66,23 @@ class Exchange:
     :meth:`relay`; :attr:`outcome` and :attr:`error` say how it ended."""
 
     __slots__ = (
-        "_early", "_early_bytes", "_free", "_head", "_signal", "_sink", "conn", "ended", "error", "got_bytes",
-        "method", "outcome", "paused", "reused", "sent_at", "unread",
-    )  # fmt: skip
+        "_early",
+        "_early_bytes",
+        "_free",
+        "_head",
+        "_signal",
+        "_sink",
+        "conn",
+        "ended",
+        "error",
+        "got_bytes",
+        "method",
+        "outcome",
+        "paused",
+        "reused",
+        "sent_at",
+        "unread",
+    )
 
     def __init__(self, conn: Connection, method: str, reused: bool, free: Callable[[], None] | None) -> None:
         self.conn = conn
@@ -390,8 +395,9 @@ class Pool:
     """Kept-alive connections to one upstream (``http`` or ``https``), newest first; at most ``limit`` in use
     (0: no cap)."""
 
-    def __init__(self, scheme: str, host: str, port: int, *, connect_timeout_s: float, idle_timeout_s: float,
-                 limit: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, scheme: str, host: str, port: int, *, connect_timeout_s: float, idle_timeout_s: float, limit: int = 0
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.host, self.port = host, port
         self.ssl: ssl.SSLContext | None = ssl.create_default_context() if scheme == "https" else None
@@ -471,8 +477,8 @@ class Pool:
         """A connection to the host's addresses (looked up at most every 10 s), raced as aiohttp's client races
         them (RFC 8305 Happy Eyeballs, 250 ms apart): an address that drops packets does not hold the others up.
         One address (an address literal, a name with one record) has nothing to race: the event loop connects to it
-        itself, without a Python socket object (uvloop does it in C; through a socket, the connect was a fifth of a
-        relay's CPU per request under a burst of new streams)."""
+        itself, without a Python socket object (uvloop does it in C, which costs far less CPU under a burst of new
+        streams)."""
         infos = await self.resolver.addresses()
         if not infos:
             raise OSError(f"no address for {self.host}")
@@ -532,7 +538,7 @@ def _reader(head: bytes, framing: str, length: int) -> BodyReader | None:
 
 def request_head(method: str, target: str, authority: str, fields: Iterable[tuple[bytes, bytes]], size: int) -> bytes:
     """A request's head as it goes upstream: the fields as the client sent them, byte for byte (aiohttp's
-    ``raw_headers``; decoding them and encoding them back was most of building a head), Host for the upstream, and
+    ``raw_headers``; decoding them and encoding them back would be most of building a head), Host for the upstream, and
     the body's length. The request line's text is encoded as aiohttp decoded it (UTF-8 with surrogates)."""
     start = f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n".encode("utf-8", "surrogateescape")
     out = [start]

@@ -35,7 +35,7 @@ class RecorderConfig:
     label: str | None = None
     capture: str = "request"  # none | request | full
     # A request body over this many bytes is relayed as it is but neither parsed nor captured (bounded work per
-    # request: parsing costs per element, and a body of millions of tiny elements froze every stream for seconds).
+    # request: parsing costs per element, and a body of millions of tiny elements would freeze every stream).
     capture_max_bytes: int = 1024 * 1024
     k: int | None = None  # num_speculative_tokens, when known; else learned from the counters
     scrape_interval_s: float = 0.25

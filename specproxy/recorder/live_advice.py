@@ -122,9 +122,8 @@ class LiveAdvice:
 
 def kept(rec: Record) -> Record:
     """What the window keeps of a record: a copy without its chunks, and of its request body and response text only
-    what the advice reads (whether thinking was asked for, and shown). A record the window kept whole held its body
-    and text (up to ``--capture-max-bytes`` each) for as long as the window does: memory per record grew with the
-    prompts, up to :data:`MAX_PER_WORKLOAD` records a workload."""
+    what the advice reads (whether thinking was asked for, and shown), so that the window's memory does not grow
+    with the prompts (a whole record holds its body and text, up to ``--capture-max-bytes`` each)."""
     light = Record(**rec)
     light["chunks"] = []
     thinking = asks_thinking(rec.get("request"))
@@ -164,17 +163,22 @@ class LiveAdviceCollector(Collector):
         self._live = live
 
     def collect(self) -> Iterator[Metric]:
-        rec_k = GaugeMetricFamily("specproxy_recommended_k", "The k that pays off now per workload (0: none).",
-                                  labels=["workload"])  # fmt: skip
+        rec_k = GaugeMetricFamily(
+            "specproxy_recommended_k", "The k that pays off now per workload (0: none).", labels=["workload"]
+        )
         speed = GaugeMetricFamily(
             "specproxy_recommended_speedup",
             "Predicted speedup over no speculation per k, from the live window.",
             labels=["workload", "k"],
         )
-        changes = CounterMetricFamily("specproxy_recommendation_changes", "Times the recommended k changed.",
-                                      labels=["workload"])  # fmt: skip
-        running = GaugeMetricFamily("specproxy_running_k", "The k the engine ran per workload, as the live window "
-                                    "measured it.", labels=["workload"])  # fmt: skip
+        changes = CounterMetricFamily(
+            "specproxy_recommendation_changes", "Times the recommended k changed.", labels=["workload"]
+        )
+        running = GaugeMetricFamily(
+            "specproxy_running_k",
+            "The k the engine ran per workload, as the live window measured it.",
+            labels=["workload"],
+        )
         if self._live is not None:
             for w, s in self._live.current.items():
                 if s["recommended_k"] is not None:
@@ -209,10 +213,16 @@ def _band_metrics(bands: Sequence[Band]) -> Iterator[Metric]:
             if v is not None:
                 g.add_metric([b.label], float(v))
         yield g
-    losing = GaugeMetricFamily("specproxy_band_speculation_losing", "1 where speculation loses at this band of "
-                               "requests in flight (status says why).", labels=["band"])  # fmt: skip
-    mismatch = GaugeMetricFamily("specproxy_band_schedule_mismatch", "1 where the engine does not run the k the given "
-                                 "--speculative-config schedules at this band.", labels=["band"])  # fmt: skip
+    losing = GaugeMetricFamily(
+        "specproxy_band_speculation_losing",
+        "1 where speculation loses at this band of requests in flight (status says why).",
+        labels=["band"],
+    )
+    mismatch = GaugeMetricFamily(
+        "specproxy_band_schedule_mismatch",
+        "1 where the engine does not run the k the given --speculative-config schedules at this band.",
+        labels=["band"],
+    )
     for b in bands:
         losing.add_metric([b.label], float(b.losing))
         if b.schedule_mismatch is not None:

@@ -73,8 +73,10 @@ class Schedule:
 
     def describe(self) -> str:
         if self.ranges:
-            return ", ".join(f"{lo}-{hi}: k={min(self.k, k)}" if hi > lo else f"{lo}: k={min(self.k, k)}"
-                             for lo, hi, k in self.ranges)  # fmt: skip
+            return ", ".join(
+                f"{lo}-{hi}: k={min(self.k, k)}" if hi > lo else f"{lo}: k={min(self.k, k)}"
+                for lo, hi, k in self.ranges
+            )
         if self.disable_above is not None:
             return f"k={self.k} up to {self.disable_above} requests, none above"
         return f"k={self.k} at every batch size"
@@ -150,11 +152,19 @@ def _steps_seen(rec: Record) -> bool:
 
 
 # what the bands read of a record (decode_in_flight, is_ok, generates, the acceptance pools, the band's figures), and
-# of its speculative figures: a point keeps these only. A whole record (spans, estimates, timings, flags) cost 9-12 KB
-# a point of a real vLLM record, 70-100 MB for the 8,000 of a window (docs/bench.md).
+# of its speculative figures: a point keeps these only, since a whole record (spans, estimates, timings, flags) per
+# point would make a full window cost many times the memory.
 BAND_FIELDS = (
-    "request_id", "started_at", "ttft_s", "e2e_s", "outcome", "completion_tokens", "path", "decode_tok_s", "spec",
-)  # fmt: skip
+    "request_id",
+    "started_at",
+    "ttft_s",
+    "e2e_s",
+    "outcome",
+    "completion_tokens",
+    "path",
+    "decode_tok_s",
+    "spec",
+)
 BAND_SPEC_FIELDS = ("source", "drafts", "draft_tokens", "accepted", "per_position")
 
 
@@ -240,11 +250,23 @@ def _band(bucket: int, xs: list[tuple[float, Point]], schedule: Schedule | None)
                 ran = f"{draft_k:.1f} draft tokens per drafting step"
             why.append(f"the schedule says k={expected} here, the engine ran {ran}: the schedule has no effect")
     return Band(
-        lo=lo, hi=hi, requests=len(xs), in_flight=in_flight, draft_k=draft_k, drafting_share=share,
-        acceptance_rate=rate, acceptance_ci=(ci.lo, ci.hi) if ci is not None else None, step_s=step_s,
-        decode_tok_s=tok_s, server_tok_s=in_flight * tok_s if tok_s is not None else None, speedup=speedup,
-        expected_k=expected, losing=losing, schedule_mismatch=mismatch, why=tuple(why),
-    )  # fmt: skip
+        lo=lo,
+        hi=hi,
+        requests=len(xs),
+        in_flight=in_flight,
+        draft_k=draft_k,
+        drafting_share=share,
+        acceptance_rate=rate,
+        acceptance_ci=(ci.lo, ci.hi) if ci is not None else None,
+        step_s=step_s,
+        decode_tok_s=tok_s,
+        server_tok_s=in_flight * tok_s if tok_s is not None else None,
+        speedup=speedup,
+        expected_k=expected,
+        losing=losing,
+        schedule_mismatch=mismatch,
+        why=tuple(why),
+    )
 
 
 def _mismatch(expected: int, draft_k: float | None, share: float | None) -> bool | None:
@@ -264,21 +286,34 @@ def _with_collapse(bands: list[Band]) -> list[Band]:
     for i in range(1, len(bands)):
         a, b = bands[i - 1], bands[i]
         if a.server_tok_s and b.server_tok_s is not None and b.server_tok_s < (1 - COLLAPSE) * a.server_tok_s:
-            msg = (f"the server decodes {b.server_tok_s:.0f} tok/s at {b.label} requests in flight against "
-                   f"{a.server_tok_s:.0f} at {a.label}: throughput falls as the batch grows")  # fmt: skip
+            msg = (
+                f"the server decodes {b.server_tok_s:.0f} tok/s at {b.label} requests in flight against "
+                f"{a.server_tok_s:.0f} at {a.label}: throughput falls as the batch grows"
+            )
             out[i] = replace(b, losing=True, why=(*b.why, msg))
     return out
 
 
 def band_json(b: Band) -> dict[str, Any]:
     return {
-        "band": b.label, "lo": b.lo, "hi": b.hi, "requests": b.requests, "in_flight": round(b.in_flight, 2),
-        "draft_k": _r(b.draft_k), "drafting_share": _r(b.drafting_share), "acceptance_rate": _r(b.acceptance_rate),
+        "band": b.label,
+        "lo": b.lo,
+        "hi": b.hi,
+        "requests": b.requests,
+        "in_flight": round(b.in_flight, 2),
+        "draft_k": _r(b.draft_k),
+        "drafting_share": _r(b.drafting_share),
+        "acceptance_rate": _r(b.acceptance_rate),
         "acceptance_ci": [round(x, 4) for x in b.acceptance_ci] if b.acceptance_ci else None,
-        "step_ms": _r(b.step_s * 1000 if b.step_s is not None else None), "decode_tok_s": _r(b.decode_tok_s),
-        "server_decode_tok_s": _r(b.server_tok_s), "speedup": _r(b.speedup), "expected_k": b.expected_k,
-        "losing": b.losing, "schedule_mismatch": b.schedule_mismatch, "why": list(b.why),
-    }  # fmt: skip
+        "step_ms": _r(b.step_s * 1000 if b.step_s is not None else None),
+        "decode_tok_s": _r(b.decode_tok_s),
+        "server_decode_tok_s": _r(b.server_tok_s),
+        "speedup": _r(b.speedup),
+        "expected_k": b.expected_k,
+        "losing": b.losing,
+        "schedule_mismatch": b.schedule_mismatch,
+        "why": list(b.why),
+    }
 
 
 def _r(x: float | None) -> float | None:

@@ -80,8 +80,11 @@ def request_attributes(body: Any) -> list[tuple[str, AttrValue]]:
         return []
     out: list[tuple[str, AttrValue]] = []
     for attr, names, as_int in (
-        ("gen_ai.request.max_tokens", ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict",
-                                       "n_predict"), True),
+        (
+            "gen_ai.request.max_tokens",
+            ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "n_predict"),
+            True,
+        ),
         ("gen_ai.request.temperature", ("temperature",), False),
         ("gen_ai.request.top_p", ("top_p",), False),
         ("gen_ai.request.top_k", ("top_k",), False),
@@ -89,7 +92,7 @@ def request_attributes(body: Any) -> list[tuple[str, AttrValue]]:
         ("gen_ai.request.presence_penalty", ("presence_penalty",), False),
         ("gen_ai.request.seed", ("seed",), True),
         ("gen_ai.request.choice.count", ("n",), True),
-    ):  # fmt: skip
+    ):
         v = _num(body, *names)
         if v is None or (as_int and not float(v).is_integer()):
             continue

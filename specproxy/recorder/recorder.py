@@ -2,10 +2,6 @@
 engine's counter deltas among overlapping requests, picks the best acceptance figure per request and writes one record
 each. In the proxy it runs in the bookkeeper (:mod:`specproxy.proxy.bookkeeper`), off the relays' loops: per upstream
 read, :meth:`specproxy.recorder.trace.Trace.feed`; the rest (closing scrape, record, own metrics) in a task.
-
-One module: a request's life from begin to its written record, with the status that counts it, is one object's
-state (in flight, pending scrapes, the calibration, the sink); its pure parts are elsewhere (attribution/,
-core/timeline.py, core/record.py).
 """
 
 from __future__ import annotations
@@ -472,7 +468,7 @@ class Recorder:
         if not self._calibrated.is_set() and self.ledger.settled(self.ledger.model):
             self._calibrated.set()
         # only a record of an engine that drafts on some steps (ngram) waits for the drafting model; where every step
-        # drafts its fit is of no use, and refitting it at every scrape was a tenth of the bookkeeper's CPU
+        # drafts its fit is of no use, and refitting it at every scrape would cost the bookkeeper much CPU
         drafting = self.ledger.drafting
         if not self._drafting_calibrated.is_set() and self.ledger.partial_drafting and self.ledger.settled(drafting):
             self._drafting_calibrated.set()

@@ -14,17 +14,15 @@ renders ``/metrics`` on its event loop), so measuring must not land on what is m
 - **Not while one request is alone.** The periodic scrape parts requests that overlap; a request alone in flight
   is settled by its closing scrape, so none is made meanwhile (at concurrency 1, one scrape per request).
 - **Not during a prefill.** A scrape does not start while a request is between its arrival and its first token
-  (:meth:`Scraper.prefill_started` / :meth:`Scraper.prefill_ended`), for at most :data:`MAX_DEFER_S`: at
-  concurrency 1 the end-of-request scrape used to meet the next request as it arrived and added the render to its
-  TTFT; deferred, it lands between two decode steps instead. Intervals are cut by chunk times, so a later scrape
-  shares its delta as exactly as an earlier one.
+  (:meth:`Scraper.prefill_started` / :meth:`Scraper.prefill_ended`), for at most :data:`MAX_DEFER_S`, so that at
+  concurrency 1 the end-of-request scrape does not add the render to the next request's TTFT; deferred, it lands between
+  two decode steps instead. Intervals are cut by chunk times, so a later scrape shares its delta as exactly as an
+  earlier one.
 - **Not before the next request of a closed loop.** A closing scrape asked for as the engine goes idle waits up to
   ``arrival_wait_s`` (50 ms) for a request to arrive, and then for its first token as above. A client at
   concurrency 1 sends its next request as soon as it reads the end of the last, so a scrape started at once could go
-  out just before that request and meet it at the engine. Whether it did was a race: with the bookkeeping in a
-  process of its own the end mostly reached it after the next request had begun (8 of 10 closing scrapes held back
-  on the real CPU vLLM), in one process (the load generator) mostly before. Where nothing arrives, the scrape goes
-  out 50 ms late.
+  out just before that request and meet it at the engine (a race, which the bookkeeping in a process of its own
+  mostly loses and a load generator mostly wins). Where nothing arrives, the scrape goes out 50 ms late.
 - **Seldom where the engine gives the figures itself.** Once the last :data:`PER_REQUEST_RUN` requests all carried
   the engine's own per-request speculative figures (vLLM's ``metrics.speculative_decoding``), the counters are not
   needed to attribute: the periodic scrape slows to :data:`SLOW_INTERVAL_S` (for status and the engine's totals).
@@ -64,7 +62,7 @@ from specproxy.core.prom import (
 
 log = logging.getLogger("specproxy.scraper")
 
-# vLLM's /metrics is ~55 KB (a few hundred KB with many models or LoRA adapters). A text over the cap is not read:
+# vLLM's /metrics is tens of KB (a few hundred with many models or LoRA adapters). A text over the cap is not read:
 # the scrape fails (counted, logged once) and attribution falls back, instead of the recorder parsing megabytes.
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 INLINE_PARSE_BYTES = 256 * 1024  # larger texts are filtered and parsed in a worker thread
@@ -202,7 +200,7 @@ class Scraper:
     def kick(self) -> None:
         """A request started: make sure the periodic loop runs. No scrape now: intervals are cut by the engine's
         step count, so a request needs no scrape of its own at its start, and a scrape costs the engine's API
-        server real time (prometheus_client renders vLLM's ~55 KB text on every scrape)."""
+        server real time (prometheus_client renders vLLM's whole text on every scrape)."""
         if self.enabled:
             self._active.set()
 

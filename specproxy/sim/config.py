@@ -18,10 +18,9 @@ speculation stops paying (it spends compute that is no longer spare). `compute_s
 compute roof, the published batch-1 shape); `--compute-s-per-token 0.0002` puts the knee near batch 50 without
 speculation and near batch 7 with k = 3.
 
-With the defaults a batch-1 decode step is 8.5 ms (~118 tok/s without speculation, the published Qwen3.5-2B
-shape), and one draft token costs 1.7 ms (20% of a base step). For per-position conditional acceptance
-[0.4, 0.33, 0.3, ...] (Japanese chat) the expected tokens per unit of step time are k=1 +17%, k=3 -2%,
-k=5 -21% against no speculation, while [0.8, 0.75, 0.72] (code) gains ~1.77x at k=3.
+The defaults give a batch-1 decode step of the published Qwen3.5-2B shape, and one draft token costs 20% of a base
+step: a workload of low per-position conditional acceptance ([0.4, 0.33, 0.3, ...], Japanese chat) gains a little at
+k=1 and loses from k=3 on, while one of high acceptance ([0.8, 0.75, 0.72], code) gains most at k=3.
 """
 
 from __future__ import annotations

@@ -111,8 +111,8 @@ def new_request(
 
 def _draft_prob(mean: float, rng: random.Random) -> float:
     """One request's ngram drafting probability: Beta-distributed around the profile's mean, because a reply that
-    repeats its context finds matches on most steps and one that does not on few (seen on real vLLM, ngram k=3: one
-    code_agent reply drafted on 13 % of its steps, another on 67 %)."""
+    repeats its context finds matches on most steps and one that does not on few (replies of one workload on real vLLM
+    differ that much)."""
     if mean <= 0.0 or mean >= 1.0:
         return mean
     return rng.betavariate(mean * NGRAM_DRAFT_CONCENTRATION, (1.0 - mean) * NGRAM_DRAFT_CONCENTRATION)

@@ -20,7 +20,7 @@ _AZURE_TS_RE = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1
 
 
 def parse_azure_timestamp(value: str) -> int:
-    """Azure trace time ("2023-11-16 18:15:46.6805900", 7 fraction digits) in ns since the epoch (naive = UTC)."""
+    """Azure trace time (``YYYY-MM-DD hh:mm:ss.fffffff``, 7 fraction digits) in ns since the epoch (naive = UTC)."""
     m = _AZURE_TS_RE.fullmatch(value.strip())
     if m is None:
         raise ValueError(f"not a timestamp like 2023-11-16 18:15:46.6805900: {value!r}")

@@ -38,8 +38,8 @@ from specproxy.analysis.figures.records import is_ok
 from specproxy.core.record import Record
 from specproxy.core.stats import median
 
-# A middle-of-the-road figure: MTP heads and small draft models cost roughly 10-20% of a target step per drafted
-# token at batch 1 (the simulator's default profile is 20%). Measure it (--baseline-run) when it matters.
+# A middle-of-the-road figure for what MTP heads and small draft models cost per drafted token at batch 1, as a
+# share of a target step (the simulator's default profile is 20%). Measure it (--baseline-run) when it matters.
 DEFAULT_DRAFT_COST = 0.15
 DEFAULT_MAX_K = 8
 TOLERANCE = 0.01

@@ -5,7 +5,8 @@ pooled, sampled, sketched and bootstrapped numbers the commands' models are buil
   request's decode tok/s and TPOT) and a run's span and output tok/s (:class:`RunSpan`).
 - ``groups``: records in groups by the ``--by`` fields, in the order each value first appeared (:class:`Grouping`).
 - ``acceptance``: speculative figures pooled over records as vLLM defines them (:class:`AcceptancePool`).
-- ``sketch``: quantiles in bounded memory, exact up to a limit, a DDSketch within 0.5% beyond (:class:`Quantiles`).
+- ``sketch``: quantiles in bounded memory, exact up to a limit, a DDSketch within its relative error beyond
+  (:class:`Quantiles`).
 - ``sample``: bounded samples of per-request values (a reservoir; a sample by request key that keeps pairs).
 - ``confidence``: bootstrap intervals (speedups, pooled acceptance) and the verdicts drawn from them.
 - ``slo``: service-level objectives, goodput (:class:`GoodputCount`), and which latency percentiles a report

@@ -106,8 +106,8 @@ def pooled_ratio(pairs: Sequence[tuple[float, float]], *, seed: int = 0) -> Inte
 
 
 # Two identical configurations measured one after the other on a shared machine differ by up to about this much (a
-# sweep's A/A test: every request of one run 1.6 % faster; on a busy 2-core machine, 3 %). Resampling requests cannot
-# see such a drift of the whole run, so only an interval that clears it says faster or slower.
+# sweep's A/A test, on a busy machine). Resampling requests cannot see such a drift of the whole run, so only an
+# interval that clears it says faster or slower.
 RUN_DRIFT = 0.03
 
 

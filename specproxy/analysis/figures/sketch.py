@@ -4,12 +4,12 @@
 then exactly :func:`specproxy.core.stats.percentile`'s (linear interpolation between the two nearest order
 statistics). Past that it moves everything into a DDSketch (Masson, Rim and Lee, VLDB 2019): buckets of logarithmic
 width, ``(gamma^(i-1), gamma^i]`` with ``gamma = (1 + a) / (1 - a)``, each answered by the value
-``2 gamma^i / (gamma + 1)``, which is within the relative accuracy ``a`` (:data:`RELATIVE_ERROR`, 0.5%) of every value
+``2 gamma^i / (gamma + 1)``, which is within the relative accuracy ``a`` (:data:`RELATIVE_ERROR`) of every value
 in the bucket. A percentile interpolates between the values at the two nearest ranks as the exact method does, so it
-is within 0.5% of the exact figure too (for values of at least :data:`MIN_VALUE`; values below it, zero included,
+is within ``a`` of the exact figure too (for values of at least :data:`MIN_VALUE`; values below it, zero included,
 count as zero). Sketches merge by adding counts, so partitions, files and processes combine without loss.
 
-The store is a fixed dense array covering ``MIN_VALUE`` to ``MAX_VALUE`` (about 4,100 buckets, 33 KB), so adding a
+The store is a fixed dense array covering ``MIN_VALUE`` to ``MAX_VALUE`` (a few thousand buckets), so adding a
 batch is one ``numpy.bincount``. Weights are integers (an inter-step gap that brought n tokens is n inter-token
 samples); negative values, which no latency has, are kept in a mirrored store so nothing is dropped.
 """

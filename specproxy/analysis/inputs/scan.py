@@ -1,6 +1,6 @@
 """One pass over runs: records decoded lean, chunk timelines handled in vectorised batches.
 
-A record is about 2.5 KB of JSON, four fifths of it the chunk timeline (``[[offset_s, tokens], ...]``, ~106 pairs).
+Most of a record's JSON is its chunk timeline (``[[offset_s, tokens], ...]``, a pair per chunk).
 Parsing that into Python lists and tuples is most of what reading costs, and the analysis only needs two numbers from
 it per chunk. So :func:`decode_line` cuts the timeline out of the line as bytes (a plain byte search: the sink writes
 it as one array of number pairs) and parses the rest of the record; :class:`ChunkBatch` then parses the timelines of

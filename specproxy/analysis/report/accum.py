@@ -2,12 +2,12 @@
 
 Latency and decode-rate figures use requests that finished ``ok``; counts cover every request. When records carry a
 ``repeat`` index, every scalar figure is computed once per repeat (one partition per ``run_id`` and ``repeat``) and
-reported as the median over repeats with the min-max spread: the published method (one warm-up, then five measured
-runs, medians). Per-position acceptance and histograms are pooled over all repeats. Nothing holds the records: each
-group keeps counters, sums and a :class:`specproxy.analysis.figures.sketch.Quantiles` per latency figure (exact up
-to :data:`specproxy.analysis.figures.sketch.EXACT_LIMIT` values, a DDSketch within 0.5% beyond), and chunk timelines
-reach the groups through :class:`specproxy.analysis.inputs.scan.ChunkBatch`. Records already in memory go through
-the same pass (:func:`build_report`): there is one implementation of the report's figures.
+reported as the median over repeats with the min-max spread: the published method (one warm-up, then five measured runs,
+medians). Per-position acceptance and histograms are pooled over all repeats. Nothing holds the records: each group
+keeps counters, sums and a :class:`specproxy.analysis.figures.sketch.Quantiles` per latency figure (exact up to
+:data:`specproxy.analysis.figures.sketch.EXACT_LIMIT` values, a DDSketch within its relative error beyond), and chunk
+timelines reach the groups through :class:`specproxy.analysis.inputs.scan.ChunkBatch`. Records already in memory go
+through the same pass (:func:`build_report`): there is one implementation of the report's figures.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ them), side by side, on a synthetic file written as the sink writes it.
 
 Each side runs in a fresh process (so peak RSS is its own: ``ru_maxrss``) and writes the report as JSON; the table
 gives wall time, CPU time and peak RSS per side and the largest relative difference between the two reports'
-figures (0 when every group is small enough for exact quantiles; at most the sketch's 0.5% otherwise). The in-memory
-side needs about 16 KB per record, so it is skipped above ``--old-max`` records.
+figures (0 when every group is small enough for exact quantiles; at most the sketch's relative error otherwise). The
+in-memory side needs many times the memory per record, so it is skipped above ``--old-max`` records.
 """
 
 from __future__ import annotations

@@ -4,11 +4,8 @@ At batch 1 every decode step streams the active weights once, so
 
     ceiling tok/s = bandwidth / bytes read per token = bandwidth / (active_params * bytes_per_param + extra_bytes)
 
-where ``extra_bytes`` is whatever else is read per token (KV cache, activations), 0 unless given. Examples:
-a dense 27B at 0.56 byte/param on 1.7 TB/s: 1.7e12 / 15.1e9 = 112 tok/s from the weights alone (a measured 71 tok/s
-is 63% of it; the ~85 tok/s ceiling quoted for that setup corresponds to ~20 GB read per token, i.e. 0.74
-byte/param effective, or 0.56 byte/param plus ~5 GB of other reads); an MoE with 3B active at 1 byte/param on
-1.275 TB/s: 425 tok/s (a measured 177 is 42%).
+where ``extra_bytes`` is whatever else is read per token (KV cache, activations), 0 unless given; an MoE counts its
+active parameters only.
 Speculative decoding emits several tokens per weight read, so a measurement can exceed 100% of this ceiling.
 When the engine reported bytes read (vLLM's ``vllm:estimated_read_bytes_per_gpu_total``, recorded per request as
 ``read_bytes_per_token``), that measured figure replaces the estimate. Pure.

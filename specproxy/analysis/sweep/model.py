@@ -3,8 +3,9 @@ over the baseline at the same level, each with its interval; and the crossover, 
 configuration stops beating the baseline. Pure: records in, figures out.
 
 A sweep's records carry their level in ``run_id``: ``<sweep id>@c8`` (closed loop, 8 streams) or ``<sweep id>@r2.5``
-(open loop, 2.5 requests/s). Every configuration replays the same plan at each level, so a request pairs with the
-baseline's request of the same body (the n-th of that body, for repeats); the speedup's interval is then paired.
+(open loop, that many requests a second). Every configuration replays the same plan at each level, so a request pairs
+with the baseline's request of the same body (the n-th of that body, for repeats); the speedup's interval is then
+paired.
 """
 
 from __future__ import annotations
