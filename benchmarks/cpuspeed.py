@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from specproxy.core.stats import median
 
-LOOP = 700_000  # iterations: about 45 ms on a 2.1 GHz Sapphire Rapids core at full speed
+LOOP = 700_000  # iterations: a pass of tens of milliseconds, long enough to time, short enough to repeat
 
 
 def one_loop() -> float:

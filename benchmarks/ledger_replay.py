@@ -18,11 +18,7 @@ an engine that gives per-request figures: vLLM with ``--per-request-spec-decode-
 - ``true rates``: each interval's hidden drafts shared by the server's own per-request drafting rates: what the
   chunk-to-interval cut allows at best, whatever the models.
 
-On the real CPU vLLM (ngram k=3, 16 requests at concurrency 4, two busy processes, 14 captures) it read code_agent
--5.2 to +7.1 points at end, -1.7 to -4.9 held, within 0.9 with the true rates: the cut was right, the early models
-were not. But on the simulator (``specproxy sim --spec-method ngram --per-request-spec-metrics detailed --speed 20``,
-the same 16 requests) one capture read -9.0 / +7.0 at end and -16.8 / +34.3 held: its final drafting fit was
-degenerate (rates clamped to 0 and 1). Held records take the final fit, whatever it is, once the hold ends unstable.
+What it read on the real CPU vLLM and on the simulator: docs/bench.md.
 """
 
 from __future__ import annotations
