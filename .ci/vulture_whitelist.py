@@ -1,6 +1,7 @@
 """Names vulture cannot see used, because something other than our code uses them. Dead code is removed, not listed.
 
-Run as `.venv/bin/vulture specproxy tests .ci/vulture_whitelist.py --min-confidence 60` (what .ci/run does)."""
+Run as `.venv/bin/vulture specproxy benchmarks tests .ci/vulture_whitelist.py --min-confidence 60`, as
+.ci/run does."""
 
 # ruff: noqa: B018, F821
 

@@ -375,9 +375,9 @@ def test_pending_for_says_what_a_scan_of_the_waiting_chunks_says(seed: int) -> N
 def test_the_ledger_cost_measure_runs_with_requests_ending_in_every_interval(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``python -m tests.ledger_cost --churn N --ngram`` (the measure of what sharing out costs while requests end
+    """``python -m benchmarks.ledger_cost --churn N --ngram`` (the measure of what sharing out costs while requests end
     all along): every request ended and popped, the drafting model's refit timed."""
-    from tests import ledger_cost
+    from benchmarks import ledger_cost
 
     monkeypatch.setattr("sys.argv", ["ledger_cost", "--streams", "8", "--steps", "30", "--churn", "10", "--ngram"])
     ledger_cost.main()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workers_accuracy import run
+from benchmarks.workers_accuracy import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -245,9 +245,9 @@ async def _spec(s: aiohttp.ClientSession, url: str) -> SpecCounters:
 
 
 async def test_the_in_process_measure_runs_the_real_per_event_paths() -> None:
-    """The relay's per-read path and the bookkeeper's per-event path, as ``python -m specproxy.bench.inprocess``
+    """The relay's per-read path and the bookkeeper's per-event path, as ``python -m benchmarks.inprocess``
     measures them: every figure a positive CPU time, and a read of 100 events cheaper per event than 100 reads."""
-    from specproxy.bench.inprocess import measure
+    from benchmarks.inprocess import measure
 
     got = await measure(2000)
     assert all(0 < v < 10_000 for v in got.values()), got
@@ -255,10 +255,10 @@ async def test_the_in_process_measure_runs_the_real_per_event_paths() -> None:
 
 
 def test_the_front_doors_bench_measures_each_door() -> None:
-    """`python -m specproxy.bench.doors` at a tiny scale: a row per door and the splice, TTFT from every burst, CPU
+    """`python -m benchmarks.doors` at a tiny scale: a row per door and the splice, TTFT from every burst, CPU
     per request of each relay process and each bookkeeper; bad arguments are one line and exit 2."""
     args = ["--streams", "4", "--tokens", "2", "--rounds", "2", "--gap", "0.2", "--format", "json"]
-    out = subprocess.run([sys.executable, "-m", "specproxy.bench.doors", *args], capture_output=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.doors", *args], capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     doc = json.loads(out.stdout)
     rows = {r["relay"]: r for r in doc["rows"]}
@@ -270,5 +270,5 @@ def test_the_front_doors_bench_measures_each_door() -> None:
         assert rows[name]["relay_ms_per_request"] > 0 and rows[name]["bookkeeping_ms_per_request"] > 0
     assert rows["floor: uvloop TCP splice"]["relay_ms_per_request"] > 0
     assert rows["floor: uvloop TCP splice"]["bookkeeping_ms_per_request"] is None
-    bad = subprocess.run([sys.executable, "-m", "specproxy.bench.doors", "--rounds", "1"], capture_output=True)
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.doors", "--rounds", "1"], capture_output=True)
     assert bad.returncode == 2 and b"Traceback" not in bad.stderr and b"--rounds" in bad.stderr

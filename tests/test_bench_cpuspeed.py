@@ -1,4 +1,4 @@
-"""specproxy.bench.cpuspeed: a pinned loop on k CPUs at once, each CPU's median printed; bad arguments exit 2."""
+"""benchmarks.cpuspeed: a pinned loop on k CPUs at once, each CPU's median printed; bad arguments exit 2."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from specproxy.bench.cpuspeed import main, medians
+from benchmarks.cpuspeed import main, medians
 
 pytestmark = pytest.mark.unit
 

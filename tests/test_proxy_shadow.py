@@ -251,7 +251,7 @@ async def test_a_candidates_credentials_come_from_a_file_and_are_never_shown(tmp
 
 def test_the_shadow_cost_bench_prints_both_sides_side_by_side() -> None:
     p = subprocess.run(
-        [sys.executable, "-m", "specproxy.bench.shadow", "--share", "1", "--concurrency", "2", "--requests", "3",
+        [sys.executable, "-m", "benchmarks.shadow", "--share", "1", "--concurrency", "2", "--requests", "3",
          "--rounds", "2", "--max-tokens", "8", "--speed", "20", "--format", "json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -259,7 +259,7 @@ def test_the_shadow_cost_bench_prints_both_sides_side_by_side() -> None:
     (row,) = json.loads(p.stdout)["rows"]
     assert row["shadowing_on"]["requests"] == row["shadowing_off"]["requests"] == 6
     assert row["shadowing_on"]["shadows"] == 6 and row["ttft_added_p50_ms"] is not None  # share 1: every request
-    bad = subprocess.run([sys.executable, "-m", "specproxy.bench.shadow", "--share", "0"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.shadow", "--share", "0"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--share" in bad.stderr and "Traceback" not in bad.stderr
 

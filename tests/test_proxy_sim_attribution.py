@@ -186,11 +186,11 @@ async def test_mixed_ngram_drafting_on_some_steps_within_10_points() -> None:
     at seeds 1, 4, 7 and 11 (a per-workload drafting rate before: 3.4, 2.4, 8.8 and 0.4). Per request, the mean
     error in drafts 6-9 % of all drafts.
 
-    The run has an interpreter of its own (``python -m tests.attribution_accuracy``), as the proxy has in
+    The run has an interpreter of its own (``python -m benchmarks.attribution_accuracy``), as the proxy has in
     production: inside this one, after hundreds of tests, one CI run read code_agent 10.9 points off, where fresh
     interpreters read 5-8."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.attribution_accuracy", "--concurrency", "32", "--requests", "160",
+        sys.executable, "-m", "benchmarks.attribution_accuracy", "--concurrency", "32", "--requests", "160",
         "--seed", "7", "--spec-method", "ngram", "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(Path(__file__).parent.parent),
     )  # fmt: skip

@@ -19,6 +19,7 @@ import aiohttp
 import openai
 import pytest
 
+from benchmarks.workers_accuracy import spinning
 from specproxy.analysis.compare.model import build_comparison
 from specproxy.analysis.tables import fmt_pct
 from specproxy.core.dialects.engine import OFF_ENGINE, OFF_ENGINE_FLAG
@@ -26,7 +27,6 @@ from specproxy.core.prom import SpecCounters, gauge, parse_snapshot, spec_counte
 from specproxy.core.record import Record, as_record, read_records
 from tests.conftest import RealEngine
 from tests.proxyutil import proxy_process
-from tests.workers_accuracy import spinning
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 

@@ -2,10 +2,9 @@
 that does not, in front of one engine, interleaved in one run.
 
 A scrape is work for the engine's API server, the process that also takes new requests and streams tokens (vLLM
-renders its whole ``/metrics`` text on that loop: 5 to 15 ms on a 2-core CPU here). Both proxies are
-``specproxy proxy --workers 1`` in processes of their own, recording; one with ``--metrics-url none``. Rounds
-alternate which goes first (ABBA), so that drift of the machine falls on both alike; per concurrency the figures
-are medians over every request of the side.
+renders its whole ``/metrics`` text on that loop). Both proxies are ``specproxy proxy --workers 1`` in processes
+of their own, recording; one with ``--metrics-url none``. Rounds alternate which goes first (ABBA), so that drift
+of the machine falls on both alike; per concurrency the figures are medians over every request of the side.
 
 The engine is the built-in simulator with ``--metrics-render-ms`` (each scrape holds its loop as vLLM's render
 does), with and without the engine's own per-request figures, or any engine given with ``--upstream`` (a real vLLM:
@@ -208,8 +207,8 @@ _T975 = {2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
 def added_interval(on: Sequence[Sequence[float]], off: Sequence[Sequence[float]]) -> list[float] | None:
     """A 95 % interval (ms) around the TTFT p50 one side adds, from how far it moves between rounds: each round's two
     waves (ABBA: the machine's moment falls on both) give one difference of medians, Student's t over those. Not over
-    requests: those of one wave share a queue (an interval over requests was 37 ms wide on a CPU engine at
-    concurrency 16, where two runs of the command differed by 60). None under :data:`MIN_WAVES` rounds."""
+    requests: those of one wave share a queue, so they are not independent and an interval over them is narrower
+    than the spread between runs. None under :data:`MIN_WAVES` rounds."""
     pairs = [(median(a), median(b)) for a, b in zip(on, off, strict=False)]
     diffs = [a - b for a, b in pairs if a is not None and b is not None]
     n = len(diffs)

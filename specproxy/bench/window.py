@@ -5,11 +5,11 @@ Over the whole phase a relay's chunks/s ends with a tail: the kernel spreads con
 by hash, not evenly, so some relays finish their streams early and sit idle while the busiest one still relays. That
 tail measures the hash's imbalance, not what the relays can carry. The window runs from the moment the last stream's
 request is sent to the moment the first relay process has relayed the last event of all its streams: in it every
-relay holds all the streams it will get and has work. (A saturated relay starves its newest streams: their first
-events can come near the phase's end, after other streams have ended, so windows that start at the last first event
-were empty on 16 cores.) Each client counts the events of each read into 1 ms bins (by ``CLOCK_MONOTONIC``, one
-clock per machine) and gives each stream's local port and last event; the bench reads from ``/proc`` which relay
-process holds each port's connection; only bins wholly inside the window count.
+relay holds all the streams it will get and has work. (It starts at the last request, not the last first event: a
+saturated relay starves its newest streams, whose first events can come after other streams have ended.) Each
+client counts the events of each read into 1 ms bins (by ``CLOCK_MONOTONIC``, one clock per machine) and gives each
+stream's local port and last event; the bench reads from ``/proc`` which relay process holds each port's connection;
+only bins wholly inside the window count.
 """
 
 from __future__ import annotations

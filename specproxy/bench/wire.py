@@ -65,8 +65,8 @@ class StampScan:
 
     def count(self, data: bytes) -> tuple[int, int | None]:
         """As :meth:`feed`, but only how many events the read completed and the stamp of the newest: at
-        saturation the client must cost less per event than a relay, and a stamp per event read in Python does
-        not (it was the client's cost per event, above a relay's)."""
+        saturation the client must cost less per event than a relay, which a stamp per event read in Python does
+        not."""
         data, end = self._complete(data)
         n = data.count(STAMP_KEY, 0, end) if end >= 0 else 0
         if not n:

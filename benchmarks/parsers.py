@@ -1,6 +1,6 @@
 """CPU per read of the two body readers, llhttp (:mod:`specproxy.proxy.llbody`) and Python (:class:`http1.Framed`),
 on a chunked SSE stream as vLLM writes it: one event per chunk, one chunk per read (the relay's usual read), and
-100 chunks per read (a saturated stream). ``python -m specproxy.proxy.parser_bench [--sse FILE] [--rounds N]``.
+100 chunks per read (a saturated stream). ``python -m benchmarks.parsers [--sse FILE] [--rounds N]``.
 
 The readers alternate round by round and the best round of each is kept, so a busy machine moves both alike.
 """
@@ -40,7 +40,7 @@ def _round(make: Callable[[], BodyReader], reads: list[bytes], streams: int) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m specproxy.proxy.parser_bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.parsers", description=__doc__)
     ap.add_argument("--sse", help="an SSE capture (events separated by empty lines); default: one vLLM event x 100")
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()

@@ -1,10 +1,10 @@
 """Counter attribution replayed offline: capture what a run told its ledger, then share it out again, against the
 server's own per-request figures.
 
-    python -m tests.ledger_replay capture run.log -- --target http://127.0.0.1:8000 --workload ja_chat,code_agent \
+    python -m benchmarks.ledger_replay capture run.log -- --target http://127.0.0.1:8000 --workload ja_chat,code_agent \
         --requests 16 --concurrency 4 --max-tokens 64 --model smollm2 --metrics-url http://127.0.0.1:8000/metrics \
         --k 3 --out run.jsonl --no-progress
-    python -m tests.ledger_replay replay run.log run.jsonl
+    python -m benchmarks.ledger_replay replay run.log run.jsonl
 
 ``capture`` runs ``specproxy run`` (the arguments after ``--``) with every call the load generator's recorder makes
 on its :class:`~specproxy.attribution.ledger.CounterLedger` written to a file. With ``--counters-pacing`` before the
@@ -18,11 +18,7 @@ an engine that gives per-request figures: vLLM with ``--per-request-spec-decode-
 - ``true rates``: each interval's hidden drafts shared by the server's own per-request drafting rates: what the
   chunk-to-interval cut allows at best, whatever the models.
 
-On the real CPU vLLM (ngram k=3, 16 requests at concurrency 4, two busy processes, 14 captures) it read code_agent
--5.2 to +7.1 points at end, -1.7 to -4.9 held, within 0.9 with the true rates: the cut was right, the early models
-were not. But on the simulator (``specproxy sim --spec-method ngram --per-request-spec-metrics detailed --speed 20``,
-the same 16 requests) one capture read -9.0 / +7.0 at end and -16.8 / +34.3 held: its final drafting fit was
-degenerate (rates clamped to 0 and 1). Held records take the final fit, whatever it is, once the hold ends unstable.
+What it read on the real CPU vLLM and on the simulator: docs/bench.md.
 """
 
 from __future__ import annotations
@@ -86,7 +82,7 @@ def _replay(log_path: str, *, held: bool) -> tuple[Any, dict[str, Any]]:
     for line in lines:
         name, args, kw = json.loads(line)
         if name == "settle":
-            delta = {f: tuple(v) if f == "per_position" else v for f, v in args[1].items()}
+            delta: dict[str, Any] = {f: tuple(v) if f == "per_position" else v for f, v in args[1].items()}
             args[1] = SpecCounters("vllm", **delta)
         if name == "pop" and held:
             waiting.append(args[0])
@@ -130,20 +126,19 @@ def replay(log_path: str, records_path: str) -> None:
     print("held      ", _errors(truth, counted(held)), "final drafting fit", led.drafting.weights())
     # the true rates: every interval's hidden drafts shared by each member's own hidden drafts per one-token step
     intervals: list[Interval] = []
-    original = ledger_module.Interval
 
-    class Kept(original):  # type: ignore[valid-type, misc]
+    class Kept(Interval):
         __slots__ = ()
 
         def __init__(self, *a: Any, **k: Any) -> None:
             super().__init__(*a, **k)
             intervals.append(self)
 
-    ledger_module.Interval = Kept  # type: ignore[misc]
+    ledger_module.Interval = Kept  # type: ignore[attr-defined]
     try:
         _replay(log_path, held=True)
     finally:
-        ledger_module.Interval = original  # type: ignore[misc]
+        ledger_module.Interval = Interval  # type: ignore[attr-defined]
     hidden: dict[str, float] = {}
     unknown: dict[str, float] = defaultdict(float)
     for iv in intervals:

@@ -7,8 +7,8 @@ simulators do here, on the same cores), the candidate's load. Both proxies are `
 recording; rounds alternate which goes first (ABBA); per concurrency the figures are medians over every live
 request of the side, from the client.
 
-    python -m specproxy.bench.shadow                      # base simulator live, MTP k=3 candidate, share 0.25
-    python -m specproxy.bench.shadow --share 1 --concurrency 1,16
+    python -m benchmarks.shadow                      # base simulator live, MTP k=3 candidate, share 0.25
+    python -m benchmarks.shadow --share 1 --concurrency 1,16
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ async def _main(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specproxy.bench.shadow", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.shadow", description=__doc__.split("\n\n")[0])
     p.add_argument("--share", type=float, default=0.25, help="--shadow-share of the shadowing proxy")
     ab_arguments(p)
     a = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """What the counter ledger costs the bookkeeper when many requests overlap: CPU of settling and of sharing out.
 
-    python -m tests.ledger_cost --streams 256 --steps 150
+    python -m benchmarks.ledger_cost --streams 256 --steps 150
 
 ``--streams`` requests decode side by side, one chunk per step each at 25 steps/s, with a scrape every 250 ms whose
 delta is made up (every step drafted k = 3, half of the requests' steps bring one token, a quarter two, a quarter
@@ -29,7 +29,7 @@ SCRAPE_NS = 250_000_000
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ledger_cost", description=__doc__.splitlines()[0])
     p.add_argument("--streams", type=int, default=256)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--ngram", action="store_true", help="draft on some steps only")

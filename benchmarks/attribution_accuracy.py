@@ -1,6 +1,6 @@
 """How close counter attribution comes to the simulator's truth, for one mixed ja_chat / code_agent run.
 
-    python -m tests.attribution_accuracy --concurrency 32 --requests 160 --seed 7 --spec-method ngram
+    python -m benchmarks.attribution_accuracy --concurrency 32 --requests 160 --seed 7 --spec-method ngram
 
 The same run as ``tests/test_proxy_sim_attribution.py``'s (the simulator in its own process, the proxy in this one),
 with the figures the test bounds printed: per-workload acceptance from the records against the truth, and the mean
@@ -19,7 +19,7 @@ from tests.test_proxy_sim_attribution import _mixed_run, _rates
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.attribution_accuracy", description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--requests", type=int, default=160)
     p.add_argument("--seed", type=int, default=7)

@@ -1,7 +1,7 @@
 """Per-workload acceptance from counters alone through ``specproxy proxy --workers N``, against the simulator's truth.
 
-    python -m tests.workers_accuracy --workers 8 --concurrency 64 --requests 240 --seed 7
-    python -m tests.workers_accuracy --workers 2 --concurrency 32 --spin 3      # a busy host: 3 spinning processes
+    python -m benchmarks.workers_accuracy --workers 8 --concurrency 64 --requests 240 --seed 7
+    python -m benchmarks.workers_accuracy --workers 2 --concurrency 32 --spin 3      # a busy host: 3 spinning processes
 
 The run of ``tests/test_proxy_workers.py``'s two-relay test at any N and concurrency: the simulator and the proxy each
 in their own process, mixed ja_chat / code_agent requests without usage (so acceptance comes from the engine's
@@ -140,7 +140,7 @@ async def run(workers: int, concurrency: int, requests: int, seed: int, k: int =
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.workers_accuracy", description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--requests", type=int, default=240)

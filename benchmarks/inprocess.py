@@ -1,6 +1,6 @@
 """The proxy's per-event Python, measured in one process with no sockets: steadier than the side-by-side bench.
 
-``python -m specproxy.bench.inprocess [--events N]`` prints CPU µs:
+``python -m benchmarks.inprocess [--events N]`` prints CPU µs:
 
 - **relay per read**: an upstream connection's ``data_received`` for one chunked SSE event (stamp, take the framing
   off, write to the client's transport, append the event; the events handed on once per 64 reads), with transports
@@ -155,7 +155,7 @@ async def measure(events: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m specproxy.bench.inprocess", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.inprocess", description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=40000, help="events per figure (default 40,000)")
     args = ap.parse_args()
     if args.events < 100:

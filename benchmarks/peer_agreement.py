@@ -1,7 +1,7 @@
 """What a peer benchmark client measured, request by request, against the proxy's records of the same requests.
 
-    python -m tests.peer_agreement RECORDS --guidellm gl.json [--guidellm ...]
-    python -m tests.peer_agreement RECORDS --aiperf ARTIFACT_DIR [--aiperf ...]
+    python -m benchmarks.peer_agreement RECORDS --guidellm gl.json [--guidellm ...]
+    python -m benchmarks.peer_agreement RECORDS --aiperf ARTIFACT_DIR [--aiperf ...]
 
 Runs of guidellm 0.8 (``--output kind=json``) are paired with records by ``response_id`` = ``upstream_id``; runs of
 aiperf 0.13 (``profile_export.jsonl``) by start order within the run's time span. Per run: requests the client saw
@@ -66,7 +66,7 @@ def aiperf(art: Path, by_start: list[Any]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peer_agreement", description=__doc__.splitlines()[0])
     p.add_argument("records", type=Path)
     p.add_argument("--guidellm", type=Path, action="append", default=[])
     p.add_argument("--aiperf", type=Path, action="append", default=[])
@@ -79,7 +79,7 @@ def main() -> None:
         f" {dict(Counter((r['token_source'], r['chunk_token_source']) for r in recs))}"
     )
     for g in a.guidellm:
-        print(guidellm(g, {r["upstream_id"]: r for r in recs}))
+        print(guidellm(g, {rid: r for r in recs if (rid := r["upstream_id"])}))
     by_start = sorted(recs, key=lambda r: r["started_at"] or 0.0)
     for d in a.aiperf:
         print(aiperf(d, by_start))

@@ -1,6 +1,6 @@
 """Is this machine's speed per CPU steady enough to measure scaling over cores? A pinned loop on k CPUs at once.
 
-    python -m specproxy.bench.cpuspeed --cpus 15,14,13,12,11,10,9,8 --counts 1,2,4,8 --seconds 5 --rounds 2
+    python -m benchmarks.cpuspeed --cpus 15,14,13,12,11,10,9,8 --counts 1,2,4,8 --seconds 5 --rounds 2
 
 For each count k, the same pure-Python loop (no memory traffic to speak of, no system calls) runs back to back on the
 first k CPUs of ``--cpus``, one process pinned to each, for ``--seconds``; each CPU's median time per loop is printed.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from specproxy.core.stats import median
 
-LOOP = 700_000  # iterations: about 45 ms on a 2.1 GHz Sapphire Rapids core at full speed
+LOOP = 700_000  # iterations: a pass of tens of milliseconds, long enough to time, short enough to repeat
 
 
 def one_loop() -> float:
@@ -69,7 +69,7 @@ def _ints(text: str) -> list[int] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specproxy.bench.cpuspeed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cpuspeed", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpus", default=None, help="CPUs in the order they are taken (default: all this process may use)")
     p.add_argument("--counts", default="1,2,4,8", help="how many of them run the loop at once, comma-separated")
     p.add_argument("--seconds", type=float, default=5.0, help="seconds per count")

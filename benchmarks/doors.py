@@ -1,7 +1,7 @@
 """What a request costs at the front door: bursts of new streams, each on a new connection, alternated between
 ``specproxy proxy --workers 1`` with its fast lane, the same with ``--no-fast-lane`` (every request read by aiohttp's
-server), and the uvloop TCP splice (``bench/floors.py``, the least a Python relay can do), in front of one stamping
-upstream, round after round.
+server), and the uvloop TCP splice (:mod:`specproxy.bench.floors`, the least a Python relay can do), in front of one
+stamping upstream, round after round.
 
 Per relay: TTFT p50 of each burst and what it adds to direct's in the same round, and the CPU per request of its
 relay process and of its bookkeeping process, read from ``/proc/PID/task/*/schedstat`` (nanoseconds, not 10 ms
@@ -9,8 +9,8 @@ ticks) around each burst and the ``--gap`` after it; medians over the rounds but
 pools warming up). The client is a raw asyncio one (a request written whole, reads until the chunked body's end), so
 that it spends little of the cores the relays share with it.
 
-    python -m specproxy.bench.doors                       # bursts of 256 five-event streams, 12 rounds
-    python -m specproxy.bench.doors --gap 4.5             # 4.5 s apart: each burst opens new upstream connections
+    python -m benchmarks.doors                       # bursts of 256 five-event streams, 12 rounds
+    python -m benchmarks.doors --gap 4.5             # 4.5 s apart: each burst opens new upstream connections
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def render(rows: list[dict[str, Any]], streams: int, tokens: int, rounds: int, g
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specproxy.bench.doors", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.doors", description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", type=int, default=256, help="streams per burst (default 256)")
     p.add_argument("--tokens", type=int, default=5, help="events per stream (default 5)")
     p.add_argument("--rounds", type=int, default=12, help="bursts per relay (default 12; the first is not counted)")
