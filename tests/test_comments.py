@@ -24,16 +24,11 @@ PKG = Path(__file__).resolve().parent.parent / "specproxy"
 
 # Files being reworked elsewhere at the moment; each is checked again once it leaves this list.
 NOT_YET_CHECKED = (
-    "bench/",
-    "commands/bench.py",
-    "proxy/parser_bench.py",
     "commands/proxy.py",
     "commands/options.py",
     "proxy/bookkeeper.py",
     "proxy/shadow.py",
     "shadow/",
-    "core/stats.py",
-    "analysis/figures/records.py",
 )
 
 _NUM = r"\d+(?:\.\d+)?"

@@ -311,14 +311,14 @@ def test_the_checker_catches_what_it_should(tmp_path: Path) -> None:
     doc.write_text(
         "Run `specproxy proxy --rotate-bytes 10`.\n\n```sh\nspecproxy nosuch --x\nspecproxy run --target U "
         '--engine vllm --nope\nspecproxy sweep --baseline "B=vllm serve M --port {port}" --slo tpot=1s\n```\n'
-        "And `--made-up` alone.\n\n```sh\npython -m tests.attribution_accuracy --spec-method ngram --nope\n"
+        "And `--made-up` alone.\n\n```sh\npython -m benchmarks.attribution_accuracy --spec-method ngram --nope\n"
         "python -m specproxy.nosuch --x\nspecproxy engine vllm-cpu serve -- --speculative-config X\n```\n",
         encoding="utf-8",
     )
     assert _check(doc, ROOT / "x.md") == [
         "x.md:4: specproxy nosuch: no such command",
         "x.md:5: specproxy run has no option --nope",
-        "x.md:11: python -m tests.attribution_accuracy does not take --nope",
+        "x.md:11: python -m benchmarks.attribution_accuracy does not take --nope",
         "x.md:12: python -m specproxy.nosuch: no such module in this repository",
         "x.md:1: specproxy proxy has no option --rotate-bytes",
         "x.md:8: --made-up is no option of any specproxy command",
