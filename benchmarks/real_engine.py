@@ -164,14 +164,37 @@ def specproxy(*args: str, timeout: float = 600) -> str:
     return p.stdout
 
 
-def load(target: str, out: Path, *, workloads: Sequence[str], concurrency: int, requests: int, max_tokens: int,
-         seed: int, extra: Sequence[str] = ()) -> list[dict[str, Any]]:  # fmt: skip
+def load(
+    target: str,
+    out: Path,
+    *,
+    workloads: Sequence[str],
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    seed: int,
+    extra: Sequence[str] = (),
+) -> list[dict[str, Any]]:
     """``specproxy run`` closed loop; its records, in the order the requests were sent."""
     specproxy(
-        "run", "--target", target, "--workload", ",".join(workloads), "--concurrency", str(concurrency),
-        "--requests", str(requests), "--max-tokens", str(max_tokens), "--seed", str(seed), "--out", str(out),
-        "--no-progress", *extra,
-    )  # fmt: skip
+        "run",
+        "--target",
+        target,
+        "--workload",
+        ",".join(workloads),
+        "--concurrency",
+        str(concurrency),
+        "--requests",
+        str(requests),
+        "--max-tokens",
+        str(max_tokens),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    )
     return inference(out)
 
 
@@ -311,18 +334,38 @@ class Harness:
         for c in self.a.concurrency:
             n = max(self.a.min_requests, self.a.requests_per_stream * c)
             arms: dict[str, list[list[dict[str, Any]]]] = {"direct": [], "proxy": []}
-            cpu = {"proxy_s": 0.0, "proxy_events": 0, "api_direct_s": 0.0, "api_direct_events": 0,
-                   "api_proxy_s": 0.0, "api_proxy_events": 0}  # fmt: skip
+            cpu = {
+                "proxy_s": 0.0,
+                "proxy_events": 0,
+                "api_direct_s": 0.0,
+                "api_direct_events": 0,
+                "api_proxy_s": 0.0,
+                "api_proxy_events": 0,
+            }
             with proxy(self.a.base, self.dir / f"overhead-c{c}.jsonl", *self.proxy_args()) as p:
                 # a warm-up each way, not measured: the engine's caches, the proxy's and the client's pools
                 for j, target in enumerate((self.a.base, p.url)):
-                    load(target, self.dir / f"warm-c{c}-{j}.jsonl", workloads=WORKLOADS, concurrency=c,
-                         requests=min(n, 2 * c), max_tokens=self.a.max_tokens, seed=99)  # fmt: skip
+                    load(
+                        target,
+                        self.dir / f"warm-c{c}-{j}.jsonl",
+                        workloads=WORKLOADS,
+                        concurrency=c,
+                        requests=min(n, 2 * c),
+                        max_tokens=self.a.max_tokens,
+                        seed=99,
+                    )
                 for i, arm in enumerate(["direct", "proxy", "proxy", "direct"] * self.a.rounds):
                     target = self.a.base if arm == "direct" else p.url
                     api0, p0 = cpu_s(api) if api else 0.0, p.cpu_s()
-                    recs = load(target, self.dir / f"oh-c{c}-{i}-{arm}.jsonl", workloads=WORKLOADS,
-                                concurrency=c, requests=n, max_tokens=self.a.max_tokens, seed=c)  # fmt: skip
+                    recs = load(
+                        target,
+                        self.dir / f"oh-c{c}-{i}-{arm}.jsonl",
+                        workloads=WORKLOADS,
+                        concurrency=c,
+                        requests=n,
+                        max_tokens=self.a.max_tokens,
+                        seed=c,
+                    )
                     events = sum(r["events"] or 0 for r in recs)
                     if api:
                         cpu[f"api_{arm}_s"] += cpu_s(api) - api0
@@ -398,8 +441,15 @@ class Harness:
         agree: dict[str, Any] = {}
         for w in WORKLOADS:
             before = asyncio.run(settled_counters(url))
-            recs = load(url, self.dir / f"alone-{name}-{w}.jsonl", workloads=[self.subsets[w]], concurrency=1, requests=n,
-                        max_tokens=self.a.max_tokens, seed=7)  # fmt: skip
+            recs = load(
+                url,
+                self.dir / f"alone-{name}-{w}.jsonl",
+                workloads=[self.subsets[w]],
+                concurrency=1,
+                requests=n,
+                max_tokens=self.a.max_tokens,
+                seed=7,
+            )
             alone[w] = rates(delta(asyncio.run(settled_counters(url)), before))
             alone[w]["requests"] = len(recs)
             agree[w] = chunk_counter_agreement(recs)
@@ -408,8 +458,15 @@ class Harness:
         for c in self.a.mixed_concurrency:
             before = asyncio.run(settled_counters(url))
             with proxy(url, self.dir / f"mixed-{name}-c{c}.jsonl", *self.proxy_args()) as p:
-                load(p.url, self.dir / f"mixed-{name}-c{c}-client.jsonl", workloads=list(self.subsets.values()), concurrency=c,
-                     requests=n * len(WORKLOADS), max_tokens=self.a.max_tokens, seed=7)  # fmt: skip
+                load(
+                    p.url,
+                    self.dir / f"mixed-{name}-c{c}-client.jsonl",
+                    workloads=list(self.subsets.values()),
+                    concurrency=c,
+                    requests=n * len(WORKLOADS),
+                    max_tokens=self.a.max_tokens,
+                    seed=7,
+                )
             total = delta(asyncio.run(settled_counters(url)), before)
             recs = ok(inference(self.dir / f"mixed-{name}-c{c}.jsonl"))
             by_w: dict[str, Any] = {}
@@ -431,10 +488,16 @@ class Harness:
         engines = {k: getattr(self.a, k) for k in ("base", "ngram", "draft") if getattr(self.a, k)}
         results = self.dir / "matrix"
         doc = {
-            "workloads": list(WORKLOADS), "requests": self.a.matrix_requests, "warmup": 2, "repeats": 1,
-            "concurrency": 1, "max_tokens": self.a.max_tokens, "seed": 3, "results": str(results),
+            "workloads": list(WORKLOADS),
+            "requests": self.a.matrix_requests,
+            "warmup": 2,
+            "repeats": 1,
+            "concurrency": 1,
+            "max_tokens": self.a.max_tokens,
+            "seed": 3,
+            "results": str(results),
             "configurations": [{"label": k, "url": u} for k, u in engines.items()],
-        }  # fmt: skip
+        }
         path = self.dir / "matrix.yaml"
         path.write_text(json.dumps(doc))
         printed = specproxy("matrix", str(path), "--no-progress", timeout=900)
@@ -467,18 +530,44 @@ class Harness:
         n = self.a.accept_requests
         base = self.dir / "whatif-base.jsonl"
         with proxy(self.a.base, base, "--capture", "full") as p:
-            load(p.url, self.dir / "whatif-base-client.jsonl", workloads=list(self.subsets.values()), concurrency=1,
-                 requests=n * len(WORKLOADS), max_tokens=self.a.max_tokens, seed=11)  # fmt: skip
+            load(
+                p.url,
+                self.dir / "whatif-base-client.jsonl",
+                workloads=list(self.subsets.values()),
+                concurrency=1,
+                requests=n * len(WORKLOADS),
+                max_tokens=self.a.max_tokens,
+                seed=11,
+            )
         k = str(self.a.ngram_k)
         predicted = json.loads(
-            specproxy("whatif", str(base), "--tokenizer", self.a.tokenizer, "--k", k, "--prompt-lookup-min",
-                      str(self.a.lookup_min), "--prompt-lookup-max", str(self.a.lookup_max), "--format", "json")
-        )  # fmt: skip
+            specproxy(
+                "whatif",
+                str(base),
+                "--tokenizer",
+                self.a.tokenizer,
+                "--k",
+                k,
+                "--prompt-lookup-min",
+                str(self.a.lookup_min),
+                "--prompt-lookup-max",
+                str(self.a.lookup_max),
+                "--format",
+                "json",
+            )
+        )
         measured: dict[str, Any] = {}
         for w in WORKLOADS:
             before = asyncio.run(settled_counters(self.a.ngram))
-            load(self.a.ngram, self.dir / f"whatif-ngram-{w}.jsonl", workloads=[self.subsets[w]], concurrency=1, requests=n,
-                 max_tokens=self.a.max_tokens, seed=11)  # fmt: skip
+            load(
+                self.a.ngram,
+                self.dir / f"whatif-ngram-{w}.jsonl",
+                workloads=[self.subsets[w]],
+                concurrency=1,
+                requests=n,
+                max_tokens=self.a.max_tokens,
+                seed=11,
+            )
             measured[w] = rates(delta(asyncio.run(settled_counters(self.a.ngram)), before))
         return {"predicted": predicted, "measured_ngram_c1": measured}
 
@@ -490,18 +579,28 @@ class Harness:
         rec = self.dir / "shadow.jsonl"
         args = ["--shadow", f"ngram={self.a.ngram}", "--shadow-share", "1", "--shadow-max-inflight", "16"]
         with proxy(self.a.base, rec, *args) as p:
-            client = load(p.url, self.dir / "shadow-client.jsonl", workloads=WORKLOADS, concurrency=4,
-                          requests=self.a.accept_requests * 2, max_tokens=self.a.max_tokens, seed=5)  # fmt: skip
+            client = load(
+                p.url,
+                self.dir / "shadow-client.jsonl",
+                workloads=WORKLOADS,
+                concurrency=4,
+                requests=self.a.accept_requests * 2,
+                max_tokens=self.a.max_tokens,
+                seed=5,
+            )
             status = wait_for(lambda: shadows_done(p.status()), 60)
         recs = inference(rec)
         live = [r for r in recs if not r.get("shadow_of")]
         shadows = [r for r in recs if r.get("shadow_of")]
         return {
-            "client_requests": len(client), "client_errors": len(client) - len(ok(client)),
-            "live_records": len(live), "shadow_records": len(shadows), "shadows_ok": len(ok(shadows)),
+            "client_requests": len(client),
+            "client_errors": len(client) - len(ok(client)),
+            "live_records": len(live),
+            "shadow_records": len(shadows),
+            "shadows_ok": len(ok(shadows)),
             "status_shadow": status.get("shadow"),
             "shadow_acceptance": source_rates(ok(shadows), "chosen"),
-        }  # fmt: skip
+        }
 
     # burst ------------------------------------------------------------------------------------------------------------
 
@@ -511,21 +610,33 @@ class Harness:
         c, n = self.a.burst_streams, self.a.burst_requests
         with proxy(target, rec, *self.proxy_args()) as p:
             t0 = time.monotonic()
-            client = load(p.url, self.dir / "burst-client.jsonl", workloads=WORKLOADS, concurrency=c, requests=n,
-                          max_tokens=self.a.burst_max_tokens, seed=13)  # fmt: skip
+            client = load(
+                p.url,
+                self.dir / "burst-client.jsonl",
+                workloads=WORKLOADS,
+                concurrency=c,
+                requests=n,
+                max_tokens=self.a.burst_max_tokens,
+                seed=13,
+            )
             wall = time.monotonic() - t0
             status = wait_for(lambda: records_idle(p.status()), 60)
         recs = inference(rec)
         shed = [r for r in recs if "bookkeeping_shed" in (r.get("flags") or [])]
         return {
-            "streams": c, "requests": n, "wall_s": round(wall, 1),
-            "client_ok": len(ok(client)), "client_errors": len(client) - len(ok(client)),
+            "streams": c,
+            "requests": n,
+            "wall_s": round(wall, 1),
+            "client_ok": len(ok(client)),
+            "client_errors": len(client) - len(ok(client)),
             "client_error_kinds": sorted({str(r["error"]) for r in client if r["outcome"] != "ok"})[:10],
-            "records_written": len(recs), "records_ok": len(ok(recs)), "records_flagged_shed": len(shed),
+            "records_written": len(recs),
+            "records_ok": len(ok(recs)),
+            "records_flagged_shed": len(shed),
             "events": sum(r["events"] or 0 for r in recs),
             "tokens": sum(r["completion_tokens"] or 0 for r in recs),
             "status": {k: status.get(k) for k in ("records", "bookkeeping", "relays") if k in status},
-        }  # fmt: skip
+        }
 
 
 def subsets(folder: Path, n: int) -> dict[str, str]:
@@ -548,8 +659,11 @@ def machine() -> dict[str, Any]:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         gpu = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=False,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        ).stdout.strip()
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "gpu": gpu or None}
 
 
