@@ -620,7 +620,7 @@ class Harness:
                 seed=13,
             )
             wall = time.monotonic() - t0
-            status = wait_for(lambda: records_idle(p.status()), 60)
+            status = wait_for(lambda: records_idle(p.status(), n), 60)
         recs = inference(rec)
         shed = [r for r in recs if "bookkeeping_shed" in (r.get("flags") or [])]
         return {
@@ -682,9 +682,11 @@ def shadows_done(status: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     return all(not c.get("in_flight") for c in cands.values()), status
 
 
-def records_idle(status: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-    recs = status.get("records") or {}
-    return not recs.get("pending") and not recs.get("held"), status
+def records_idle(status: dict[str, Any], expected: int) -> tuple[bool, dict[str, Any]]:
+    """Every request ended and its record written (a record of the proxy's own GETs may come on top)."""
+    recs, book = status.get("records") or {}, status.get("bookkeeping") or {}
+    done = not book.get("relay_in_flight") and not recs.get("queued") and not recs.get("held")
+    return done and (recs.get("written") or 0) >= expected, status
 
 
 def source_rates(recs: list[dict[str, Any]], source: str) -> dict[str, Any]:
