@@ -13,6 +13,7 @@ import inspect
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
@@ -33,8 +34,8 @@ from specproxy.core.urls import http_url
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from specproxy.proxy.addons import REGISTRY
+from specproxy.proxy.addons.base import Addon, OptionError, SetupError
 from specproxy.proxy.addons.base import Context as AddonContext
-from specproxy.proxy.addons.base import OptionError, SetupError
 from specproxy.proxy.allocator import one_arena
 from specproxy.proxy.config import (
     CREDENTIALS_ENV,
@@ -235,8 +236,8 @@ class _GroupedHelp(TyperCommand):
                 formatter.write_dl(rows)
 
 
-def addon_parameters() -> list[inspect.Parameter]:
-    """Every addon's options as the command's parameters, each under its addon's group."""
+def addon_parameters(addons: Sequence[type[Addon]]) -> list[inspect.Parameter]:
+    """The addons' options as the command's parameters, each under its addon's group."""
     return [
         inspect.Parameter(
             opt.name,
@@ -247,19 +248,19 @@ def addon_parameters() -> list[inspect.Parameter]:
                 typer.Option(opt.flag, help=opt.help, show_default=opt.show_default, rich_help_panel=addon.group),
             ],
         )
-        for addon in REGISTRY
+        for addon in addons
         for opt in addon.options
     ]
 
 
-def with_addons(cfg: ProxyConfig, values: dict[str, Any]) -> ProxyConfig:
+def with_addons(cfg: ProxyConfig, values: dict[str, Any], addons: Sequence[type[Addon]]) -> ProxyConfig:
     """``cfg`` holding each addon's settings, from its options' values (checked: a bad one is one line)."""
     ctx = AddonContext(
         upstream=cfg.upstream,
         warn=lambda line: typer.echo(f"specproxy proxy: warning: {line}", err=True),
         on_command_line=_on_command_line,
     )
-    for addon in REGISTRY:
+    for addon in addons:
         try:
             settings = addon.configure({o.name: values[o.name] for o in addon.options}, ctx)
         except OptionError as e:
@@ -270,7 +271,7 @@ def with_addons(cfg: ProxyConfig, values: dict[str, Any]) -> ProxyConfig:
     return cfg
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, addons: Sequence[type[Addon]] = REGISTRY) -> None:
     def proxy(
         upstream: str = typer.Option(..., "--upstream", help="The engine's base URL, e.g. http://127.0.0.1:8000."),
         config: Path | None = typer.Option(
@@ -436,7 +437,7 @@ def register(app: typer.Typer) -> None:
             workers=default_workers() if workers is None else workers,
             upstream_authorization=authorization,
         )
-        cfg = with_addons(cfg, addon_values)
+        cfg = with_addons(cfg, addon_values, addons)
         if record_path is not None:
             try:
                 Path(record_path).parent.mkdir(parents=True, exist_ok=True)
@@ -453,7 +454,7 @@ def register(app: typer.Typer) -> None:
             _run_workers(cfg)
 
     core = [p for p in inspect.signature(proxy, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
-    proxy.__signature__ = inspect.Signature([*core, *addon_parameters()])  # type: ignore[attr-defined]
+    proxy.__signature__ = inspect.Signature([*core, *addon_parameters(addons)])  # type: ignore[attr-defined]
 
     @functools.wraps(proxy)  # typer reads the options from the signature and the help from the docstring
     def bounded(**values: Any) -> None:

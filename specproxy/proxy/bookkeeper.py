@@ -135,13 +135,15 @@ class Connection:
 
 class Bookkeeper:
     @classmethod
-    def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
-        """The bookkeeper of ``cfg``, its recorder on ``session``, with every addon that ``cfg`` turns on
-        (:data:`specproxy.proxy.addons.REGISTRY`): each hears the records and the inference requests, and adds its
-        section to the status and its families to the metrics."""
+    def create(
+        cls, cfg: ProxyConfig, session: aiohttp.ClientSession, addons: Sequence[type[Addon]] = REGISTRY
+    ) -> Bookkeeper:
+        """The bookkeeper of ``cfg``, its recorder on ``session``, with each of ``addons`` that ``cfg`` turns on:
+        each hears the records and the inference requests, and adds its section to the status and its families to
+        the metrics."""
         running: list[Addon] = []
         collectors = []
-        for addon in REGISTRY:
+        for addon in addons:
             one = addon.create(cfg)
             if one is not None:
                 running.append(one)
