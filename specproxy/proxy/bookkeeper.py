@@ -6,7 +6,8 @@ response head, each read with its arrival time, the outcome) and drives the :cla
 Recorder` with it: request-body parsing (bounded), workload rules, SSE and JSON interpretation, the ledger and its
 fit, scrapes, records. It answers the proxy's own endpoints (``/specproxy/status``, ``/specproxy/metrics``) for
 every relay, with the relays' own counters (shed, lost, in flight) added, and tells the relays whether records can
-be written (``--fail-closed``).
+be written (``--fail-closed``). The features beside recording are addons (:mod:`specproxy.proxy.addons`): the
+bookkeeper hands each the records and the inference requests, and adds their sections and metrics to its own.
 
 One module: the relays' events in and what goes back to them (answers, acknowledgements, the watermark a settle
 waits for) are one object's state per relay, read in one place.
@@ -198,9 +199,8 @@ class Bookkeeper:
     async def caught_up(self, t_ns: int) -> bool:
         """Wait until every relay with a request in flight has sent its events stamped up to ``t_ns`` (so each chunk
         it read by then is in the ledger), for at most :data:`CATCH_UP_MAX_S`; whether it had to wait. On a busy
-        host the relays' events can reach this process hundreds of milliseconds after they were read; a scrape
-        settled before they arrive finds fewer chunks than the engine counted steps and gives the rest of its
-        delta to nobody."""
+        host the relays' events can reach this process well after they were read; a scrape settled before they
+        arrive finds fewer chunks than the engine counted steps and gives the rest of its delta to nobody."""
         loop = asyncio.get_running_loop()
         end = loop.time() + CATCH_UP_MAX_S
         waited = False
