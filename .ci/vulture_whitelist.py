@@ -15,6 +15,8 @@ replay_cmd  # commands/run.py
 sweep_cmd  # commands/sweep.py
 whatif_cmd  # commands/whatif.py
 _.context_settings  # commands/engine.py: read by click when it parses the serve command's arguments
+_.format_options  # commands/proxy.py: click calls it to write --help
+_.__signature__  # commands/proxy.py: typer reads the proxy command's options from it
 
 # Attributes set on third-party objects, which read them: RE2's options, a logging record, aiohttp's writer.
 _.log_errors  # core/workload_rules.py

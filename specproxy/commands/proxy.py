@@ -1,30 +1,41 @@
 """``specproxy proxy``: put the recorder in front of an engine.
 
-One module: the command's options, each with its help text, their checks and their translation into one
-:class:`~specproxy.proxy.config.ProxyConfig`; the work is in :mod:`specproxy.proxy`.
+One module: the command's core options (where to listen, the upstream, the records, the relay's limits), their
+checks and their translation into one :class:`~specproxy.proxy.config.ProxyConfig`, with the options of every addon
+(:mod:`specproxy.proxy.addons`) added to the command as each declares them, and ``--config FILE``, which gives any of
+them from a YAML file. The work is in :mod:`specproxy.proxy`.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
-import re
 import signal
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
+import yaml
+from typer._click.core import Context, ParameterSource
+from typer._click.exceptions import UsageError
+from typer._click.formatting import HelpFormatter
+from typer._click.globals import get_current_context
+from typer.core import TyperCommand
 
-from specproxy.analysis.figures.slo import parse_slo
-from specproxy.commands.common import CommandError, command, fail, parse_listen, run_async
+from specproxy.commands.common import CommandError, error_boundary, fail, parse_listen, run_async
 from specproxy.commands.options import EngineOpt, KOpt, TokenizerOpt, check_engine
 from specproxy.core.errors import shown_url
 from specproxy.core.tokens import SERVER_TOKENIZER, TokenizerError, load_model_tokenizer
 from specproxy.core.urls import http_url
 from specproxy.core.workload_rules import Rule, RulesError, parse_rules
 from specproxy.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from specproxy.proxy.addons import REGISTRY
+from specproxy.proxy.addons.base import Addon, OptionError, SetupError
+from specproxy.proxy.addons.base import Context as AddonContext
 from specproxy.proxy.allocator import one_arena
 from specproxy.proxy.config import (
     CREDENTIALS_ENV,
@@ -32,13 +43,8 @@ from specproxy.proxy.config import (
     ProxyConfig,
     authorization_value,
     read_credentials_file,
-    read_secret_file,
 )
-from specproxy.proxy.shadow import ShadowConfig, parse_target
 from specproxy.proxy.workers import Ended, default_workers
-from specproxy.recorder.config import OtlpConfig
-from specproxy.recorder.live_bands import parse_schedule
-from specproxy.recorder.otlp import PROTOCOLS, OtlpConfigError, parse_headers, parse_resource, traces_url
 from specproxy.recorder.recorder import RecorderConfig
 from specproxy.recorder.sink import FILE_MODE, RecordSink
 
@@ -89,10 +95,11 @@ def parse_size(value: str) -> int:
     return n
 
 
-def upstream_credentials(upstream: str, path: Path | None) -> str | None:
+def upstream_credentials(upstream: str, path: Path | None, *, in_argv: bool = True) -> str | None:
     """The upstream's Authorization field from ``$SPECPROXY_UPSTREAM_CREDENTIALS`` or ``--upstream-credentials-file``
     (None: neither; the user:password of the URL, if any, is then the relay's). One source only. The variable is
-    taken out of the environment once read, so that no process the proxy starts inherits it."""
+    taken out of the environment once read, so that no process the proxy starts inherits it. ``in_argv``: the URL
+    came on the command line, which every local user can read (not from a ``--config`` file)."""
     env = os.environ.pop(CREDENTIALS_ENV, "")  # set but empty (compose's ${VAR} of an unset VAR): not given
     in_url = urlsplit(upstream).username is not None
     given = [
@@ -106,7 +113,7 @@ def upstream_credentials(upstream: str, path: Path | None) -> str | None:
     ]
     if len(given) > 1:
         fail(f"the upstream's credentials come from one place, got {' and '.join(given)}")
-    if in_url:
+    if in_url and in_argv:
         typer.echo(
             "specproxy proxy: warning: the user:password in --upstream is visible to every local user (ps, "
             f"/proc/PID/cmdline); give it in ${CREDENTIALS_ENV} or --upstream-credentials-file instead",
@@ -122,77 +129,154 @@ def upstream_credentials(upstream: str, path: Path | None) -> str | None:
     return None
 
 
-# Header names whose values are usually secrets: given with --otlp-header, every local user can read them (ps)
-_SECRET_HEADER_RE = re.compile(r"authorization|cookie|key|token|secret|password|signature", re.IGNORECASE)
+# -- --config FILE ---------------------------------------------------------------------------------------------------
+CONFIG_HELP = (
+    "A YAML file of options (KEY: VALUE, each KEY an option's name without the dashes, e.g. otlp-endpoint: "
+    "http://collector:4318; a list for a repeatable option). Options given on the command line win. Secrets kept "
+    "here stay out of the process list."
+)
+_NOT_FROM_FILE = frozenset({"config", "help"})
 
 
-def otlp_config(
-    endpoint: str | None, protocol: str | None, header: list[str], headers_file: Path | None, upstream: str
-) -> OtlpConfig | None:
-    """The span export's settings, from the options and the standard OpenTelemetry variables (docs/otel.md): on
-    with ``--otlp-endpoint``, or with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT set (unless
-    OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none). The headers' variables are taken out of the environment
-    once read, as the upstream's credentials are."""
-    env = os.environ
-    env_headers = env.pop("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "") or env.pop("OTEL_EXPORTER_OTLP_HEADERS", "")
-    env.pop("OTEL_EXPORTER_OTLP_HEADERS", None)
-    env_off = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or (
-        env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none"
-    )
-    if endpoint is not None:
-        url = traces_url(check_url(endpoint, "--otlp-endpoint"))
-    elif not env_off and (full := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()):
-        url = traces_url(check_url(full, "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), full=True)
-    elif not env_off and (base := env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()):
-        url = traces_url(check_url(base, "$OTEL_EXPORTER_OTLP_ENDPOINT"))
-    else:
-        if header or headers_file is not None or protocol is not None:
-            raise typer.BadParameter("--otlp-protocol, --otlp-header and --otlp-headers-file need --otlp-endpoint")
+def _option_names(ctx: Context) -> dict[str, Any]:
+    """Every option of the command by its name in a config file (``otlp-endpoint``), to its parameter."""
+    names = {}
+    for param in ctx.command.params:
+        for opt in param.opts:
+            if opt.startswith("--") and param.name not in _NOT_FROM_FILE:
+                names[opt[2:]] = param
+    return names
+
+
+class _NotTaken(ValueError):
+    """Why a config file's value is not taken (never the value itself, which may be a secret)."""
+
+
+def _file_value(param: Any, value: object) -> object:
+    """``value`` as the option takes it, or :class:`_NotTaken`."""
+    if getattr(param, "multiple", False):
+        return [_scalar(str, v) for v in (value if isinstance(value, list) else [value])]
+    annotation = bool if getattr(param, "is_flag", False) else param.type_descriptor.annotation
+    return _scalar(annotation, value)
+
+
+def _scalar(annotation: object, value: object) -> object:
+    if isinstance(value, dict | list):
+        raise _NotTaken("expected one value, not a mapping or a list")
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise _NotTaken("expected true or false")
+        return value
+    if isinstance(value, bool) or value is None:
+        raise _NotTaken("expected a value" + (", not true or false" if value is not None else ""))
+    if annotation is int:
+        if not isinstance(value, int):
+            raise _NotTaken("expected a whole number")
+        return value
+    if annotation is float:
+        if not isinstance(value, int | float):
+            raise _NotTaken("expected a number")
+        return float(value)
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise _NotTaken(f"expected a text, got a {type(value).__name__}")
+
+
+def read_config(ctx: typer.Context, path: Path | None) -> Path | None:
+    """``--config FILE``: its options become the command's defaults (the command line overrides them). A file that
+    cannot be read, is not a YAML mapping, names an unknown option or gives one a value of the wrong type is one line
+    that names the file and the option, exit 2, and never shows a value."""
+    if path is None:
         return None
-    proto = (
-        protocol
-        or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
-        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
-        or "http/protobuf"
-    )
-    if proto not in PROTOCOLS:
-        raise typer.BadParameter(f"--otlp-protocol must be http/protobuf or http/json (no grpc), got {proto!r}")
-    pairs: list[tuple[str, str]] = []
+    where = f"--config {path}"
     try:
-        if env_headers:
-            pairs += parse_headers(env_headers, "$OTEL_EXPORTER_OTLP_HEADERS")
-        if headers_file is not None:
-            source = f"--otlp-headers-file {headers_file}"
-            pairs += parse_headers(read_secret_file(str(headers_file), source), source)
-        for h in header:
-            given = parse_headers(h, "--otlp-header")
-            if any(_SECRET_HEADER_RE.search(k) for k, _ in given):
-                typer.echo(
-                    "specproxy proxy: warning: --otlp-header values are visible to every local user (ps, "
-                    "/proc/PID/cmdline); give secrets in $OTEL_EXPORTER_OTLP_HEADERS or --otlp-headers-file",
-                    err=True,
-                )
-            pairs += given
-    except (OtlpConfigError, CredentialsError) as e:
-        fail(str(e))
-    if any(k.lower() in ("content-type", "content-length", "host") for k, _ in pairs):
-        fail("OTLP headers cannot set Content-Type, Content-Length or Host")
-    up = urlsplit(upstream)
-    return OtlpConfig(
-        traces_url=url,
-        protocol=proto,
-        headers=tuple(pairs),
-        service_name=env.get("OTEL_SERVICE_NAME", "").strip() or "specproxy",
-        resource=parse_resource(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),
-        server_address=up.hostname,
-        server_port=up.port or (443 if up.scheme == "https" else 80),
+        doc = yaml.safe_load(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"{where}: cannot read it: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{where}: not YAML{at}: {getattr(e, 'problem', None) or 'cannot be parsed'}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise UsageError(f"{where}: expected a mapping of option names to values, got a {type(doc).__name__}")
+    names = _option_names(ctx)
+    defaults: dict[str, object] = {}
+    for key, value in doc.items():
+        param = names.get(str(key).replace("_", "-"))
+        if param is None:
+            raise UsageError(f"{where}: {key}: no such option of specproxy proxy")
+        try:
+            defaults[param.name] = _file_value(param, value)
+        except _NotTaken as e:
+            raise UsageError(f"{where}: {key}: {e}") from None
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return path
+
+
+def _on_command_line(name: str) -> bool:
+    """Whether the option ``name`` was given on the command line (every local user can read it there)."""
+    ctx = get_current_context(silent=True)
+    return ctx is None or ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+
+# -- the addons' options ----------------------------------------------------------------------------------------------
+class _GroupedHelp(TyperCommand):
+    """``--help`` with the core options first, then each addon's under its group's heading."""
+
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                groups.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+        for title, rows in groups.items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
+def addon_parameters(addons: Sequence[type[Addon]]) -> list[inspect.Parameter]:
+    """The addons' options as the command's parameters, each under its addon's group."""
+    return [
+        inspect.Parameter(
+            opt.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=opt.default,
+            annotation=Annotated[
+                opt.type,
+                typer.Option(opt.flag, help=opt.help, show_default=opt.show_default, rich_help_panel=addon.group),
+            ],
+        )
+        for addon in addons
+        for opt in addon.options
+    ]
+
+
+def with_addons(cfg: ProxyConfig, values: dict[str, Any], addons: Sequence[type[Addon]]) -> ProxyConfig:
+    """``cfg`` holding each addon's settings, from its options' values (checked: a bad one is one line)."""
+    ctx = AddonContext(
+        upstream=cfg.upstream,
+        warn=lambda line: typer.echo(f"specproxy proxy: warning: {line}", err=True),
+        on_command_line=_on_command_line,
     )
+    for addon in addons:
+        try:
+            settings = addon.configure({o.name: values[o.name] for o in addon.options}, ctx)
+        except OptionError as e:
+            raise typer.BadParameter(str(e)) from None
+        except SetupError as e:
+            fail(str(e))
+        cfg = addon.with_settings(cfg, settings)
+    return cfg
 
 
-def register(app: typer.Typer) -> None:
-    @command(app, "proxy")
+def register(app: typer.Typer, addons: Sequence[type[Addon]] = REGISTRY) -> None:
     def proxy(
         upstream: str = typer.Option(..., "--upstream", help="The engine's base URL, e.g. http://127.0.0.1:8000."),
+        config: Path | None = typer.Option(
+            None, "--config", metavar="FILE", is_eager=True, callback=read_config, help=CONFIG_HELP
+        ),
         credentials_file: Path | None = typer.Option(
             None,
             "--upstream-credentials-file",
@@ -268,78 +352,12 @@ def register(app: typer.Typer) -> None:
         ),
         log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
         engine: EngineOpt = "auto",
-        slo: list[str] | None = typer.Option(
-            None,
-            "--slo",
-            help="ttft=500ms,tpot=50ms,e2e=30s (WORKLOAD:... too): live attainment and goodput in status.",
-        ),
-        otlp_endpoint: str | None = typer.Option(
-            None,
-            "--otlp-endpoint",
-            help="Export a span per inference request over OTLP/HTTP to this base URL (spans go to URL/v1/traces); "
-            "default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else off.",
-            show_default=False,
-        ),
-        otlp_protocol: str | None = typer.Option(
-            None, "--otlp-protocol", help="http/protobuf (default) or http/json.", show_default=False
-        ),
-        otlp_header: list[str] | None = typer.Option(
-            None,
-            "--otlp-header",
-            help="KEY=VALUE sent with every export (repeatable); for secrets use $OTEL_EXPORTER_OTLP_HEADERS or "
-            "--otlp-headers-file, which no other user can read.",
-        ),
-        otlp_headers_file: Path | None = typer.Option(
-            None,
-            "--otlp-headers-file",
-            help="A file (mode 0600) of KEY=VALUE lines sent with every export, e.g. an API key.",
-        ),
-        advise_every: float = typer.Option(
-            60.0,
-            "--advise-every",
-            help="Seconds between refreshes of the live advice (the k that pays off now, per workload, in "
-            "/specproxy/status and specproxy_recommended_k); 0: off.",
-        ),
-        advise_window: float = typer.Option(
-            600.0, "--advise-window", help="Seconds of live records the advice is computed from."
-        ),
-        speculative_config: str | None = typer.Option(
-            None,
-            "--speculative-config",
-            help="The JSON given to vllm serve --speculative-config (or its num_speculative_tokens_per_batch_size "
-            "list): the live advice checks per band of requests in flight that the engine runs the k it schedules.",
-        ),
-        shadow: list[str] | None = typer.Option(
-            None,
-            "--shadow",
-            help="LABEL=URL: a candidate server (same model, another speculative configuration) that also gets a "
-            "share of live requests; compared per workload in /specproxy/status (repeatable; docs/shadow.md).",
-        ),
-        shadow_share: float = typer.Option(0.05, "--shadow-share", help="Share of live requests shadowed (0-1)."),
-        shadow_max_inflight: int = typer.Option(
-            4, "--shadow-max-inflight", help="Shadows in flight per candidate at most; past it, none is sent."
-        ),
-        shadow_seed: int = typer.Option(0, "--shadow-seed", help="Seed of the draw of shadowed requests."),
-        shadow_timeout: float = typer.Option(
-            300.0, "--shadow-timeout", help="Seconds without a byte from a candidate before a shadow is given up."
-        ),
-        shadow_workload: list[str] | None = typer.Option(
-            None, "--shadow-workload", help="Shadow only this workload's requests (repeatable; default: all)."
-        ),
-        shadow_credentials: list[str] | None = typer.Option(
-            None,
-            "--shadow-credentials-file",
-            help="LABEL=PATH: the Authorization a candidate's shadows carry, from a file as "
-            "--upstream-credentials-file reads it (repeatable).",
-        ),
+        **addon_values: Any,
     ) -> None:
         """Transparent recording proxy in front of vLLM (or any OpenAI-compatible engine)."""
         up = check_url(upstream, "--upstream")
-        authorization = upstream_credentials(up, credentials_file)
-        otlp = otlp_config(otlp_endpoint, otlp_protocol, otlp_header or [], otlp_headers_file, up)
+        authorization = upstream_credentials(up, credentials_file, in_argv=_on_command_line("upstream"))
         check_engine(engine)
-        shadow_cfg = shadow_config(shadow or [], shadow_share, shadow_max_inflight, shadow_seed, shadow_timeout,
-                                   shadow_workload or [], shadow_credentials or [])  # fmt: skip
         host, port = parse_listen(listen)
         if capture not in CAPTURES:
             raise typer.BadParameter(f"--capture must be one of {', '.join(CAPTURES)}, got {capture!r}")
@@ -357,16 +375,6 @@ def register(app: typer.Typer) -> None:
         ):
             if value <= 0:
                 raise typer.BadParameter(f"{name} must be positive, got {value}")
-        if advise_every < 0 or advise_window <= 0:
-            raise typer.BadParameter("--advise-every cannot be negative, and --advise-window must be positive")
-        schedule = None
-        if speculative_config is not None:
-            if advise_every == 0:
-                raise typer.BadParameter("--speculative-config needs the live advice (--advise-every > 0)")
-            try:
-                schedule = parse_schedule(speculative_config)
-            except ValueError as e:
-                raise typer.BadParameter(f"--speculative-config: {e}") from None
         if drain_timeout < 0 or max_connections < 0 or rotate_mb < 0 or attribution_hold < 0:
             raise typer.BadParameter(
                 "--drain-timeout, --max-connections, --rotate-mb and --attribution-hold cannot be negative"
@@ -387,22 +395,12 @@ def register(app: typer.Typer) -> None:
                 fail(f"cannot read rules file {rules}: {e.strerror}")
             except RulesError as e:
                 fail(str(e))
-        try:
-            slo_spec = parse_slo(slo or [])
-        except ValueError as e:
-            fail(str(e))
         max_body_bytes = parse_size(max_body)  # every option is checked before anything touches the disk
         record_buffer_bytes = parse_size(record_buffer)
         capture_max_bytes = parse_size(capture_max)
         bookkeeping_buffer_bytes = parse_size(bookkeeping_buffer)
         tokenizer = check_tokenizer(tokenizer)
         record_path = None if record == "-" else record
-        if record_path is not None:
-            try:
-                Path(record_path).parent.mkdir(parents=True, exist_ok=True)
-                os.close(os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE))
-            except OSError as e:
-                fail(f"cannot write records to {record_path}: {e.strerror}")
         cfg = ProxyConfig(
             upstream=up,
             host=host,
@@ -435,16 +433,17 @@ def register(app: typer.Typer) -> None:
             fast_lane=fast_lane,
             client_header_timeout_s=client_header_timeout,
             client_body_timeout_s=client_body_timeout,
-            slo=slo_spec,
             bookkeeping_buffer_bytes=bookkeeping_buffer_bytes,
             workers=default_workers() if workers is None else workers,
             upstream_authorization=authorization,
-            otlp=otlp,
-            shadow=shadow_cfg,
-            advise_every_s=advise_every,
-            advise_window_s=advise_window,
-            speculative_schedule=schedule,
         )
+        cfg = with_addons(cfg, addon_values, addons)
+        if record_path is not None:
+            try:
+                Path(record_path).parent.mkdir(parents=True, exist_ok=True)
+                os.close(os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE))
+            except OSError as e:
+                fail(f"cannot write records to {record_path}: {e.strerror}")
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         one_arena()  # before any thread or fork: every process of the proxy frees into the arena it allocates from
         if cfg.workers == 0:
@@ -454,44 +453,15 @@ def register(app: typer.Typer) -> None:
         else:
             _run_workers(cfg)
 
+    core = [p for p in inspect.signature(proxy, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
+    proxy.__signature__ = inspect.Signature([*core, *addon_parameters(addons)])  # type: ignore[attr-defined]
 
-def shadow_config(
-    specs: list[str],
-    share: float,
-    max_inflight: int,
-    seed: int,
-    timeout: float,
-    workloads: list[str],
-    credentials: list[str],
-) -> ShadowConfig | None:
-    """The ``--shadow*`` options checked; None without ``--shadow``."""
-    if not specs:
-        if workloads or credentials:
-            raise typer.BadParameter("--shadow-workload and --shadow-credentials-file need --shadow")
-        return None
-    try:
-        targets = tuple(parse_target(s) for s in specs)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    labels = [t.label for t in targets]
-    if len(set(labels)) != len(labels):
-        raise typer.BadParameter(f"--shadow labels must differ, got {', '.join(labels)}")
-    for spec in credentials:
-        label, sep, path = spec.partition("=")
-        if not sep or label not in labels:
-            raise typer.BadParameter(f"--shadow-credentials-file wants LABEL=PATH with a --shadow label, got {spec!r}")
-        try:
-            auth = read_credentials_file(path)
-        except CredentialsError as e:
-            fail(str(e))
-        targets = tuple(replace(t, authorization=auth) if t.label == label else t for t in targets)
-    if not 0.0 < share <= 1.0:
-        raise typer.BadParameter(f"--shadow-share must be in (0, 1], got {share}")
-    if max_inflight < 1:
-        raise typer.BadParameter(f"--shadow-max-inflight must be at least 1, got {max_inflight}")
-    if timeout <= 0:
-        raise typer.BadParameter(f"--shadow-timeout must be positive, got {timeout}")
-    return ShadowConfig(targets, share, max_inflight, seed, timeout, workloads=frozenset(workloads))
+    @functools.wraps(proxy)  # typer reads the options from the signature and the help from the docstring
+    def bounded(**values: Any) -> None:
+        with error_boundary():
+            proxy(**values)
+
+    app.command("proxy", cls=_GroupedHelp)(bounded)
 
 
 async def _main(cfg: ProxyConfig) -> None:

@@ -6,7 +6,8 @@ response head, each read with its arrival time, the outcome) and drives the :cla
 Recorder` with it: request-body parsing (bounded), workload rules, SSE and JSON interpretation, the ledger and its
 fit, scrapes, records. It answers the proxy's own endpoints (``/specproxy/status``, ``/specproxy/metrics``) for
 every relay, with the relays' own counters (shed, lost, in flight) added, and tells the relays whether records can
-be written (``--fail-closed``).
+be written (``--fail-closed``). The features beside recording are addons (:mod:`specproxy.proxy.addons`): the
+bookkeeper hands each the records and the inference requests, and adds their sections and metrics to its own.
 
 One module: the relays' events in and what goes back to them (answers, acknowledgements, the watermark a settle
 waits for) are one object's state per relay, read in one place.
@@ -18,7 +19,7 @@ import asyncio
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -28,11 +29,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from specproxy.analysis.figures.buffering import BufferingTracker
 from specproxy.core.inference import is_inference
 from specproxy.core.otlp_proto import parse_traceparent
 from specproxy.core.request_body import inspect_body
 from specproxy.core.workload_rules import WorkloadResolver, last_user_message
+from specproxy.proxy.addons import REGISTRY
+from specproxy.proxy.addons.base import Addon
 from specproxy.proxy.config import ProxyConfig
 from specproxy.proxy.events import (
     ACK,
@@ -52,11 +54,7 @@ from specproxy.proxy.events import (
     split_begin,
 )
 from specproxy.proxy.link import TRACE_HEADER
-from specproxy.proxy.shadow import ShadowCollector, Shadower
-from specproxy.recorder.live_advice import LiveAdvice, LiveAdviceCollector
-from specproxy.recorder.otlp import OtlpCollector, SpanExporter
 from specproxy.recorder.recorder import Recorder
-from specproxy.recorder.slo_status import SloTracker
 from specproxy.recorder.trace import RequestMeta, Trace
 
 log = logging.getLogger("specproxy.bookkeeper")
@@ -137,50 +135,39 @@ class Connection:
 
 
 class Bookkeeper:
-    otlp: SpanExporter | None = None  # --otlp-endpoint: each record's span
-    shadower: Shadower | None = None  # --shadow: a share of live requests also sent to candidates, compared
-    advice: LiveAdvice | None = None  # what k pays off now, from the live window (--advise-every)
-
     @classmethod
-    def create(cls, cfg: ProxyConfig, session: aiohttp.ClientSession) -> Bookkeeper:
-        """The bookkeeper of ``cfg``, its recorder on ``session``; with ``--slo``, live SLO figures in its status;
-        with ``--otlp-endpoint``, a span per record (on its own session: ``session`` carries the upstream's
-        credentials); the path's buffering verdict (:mod:`specproxy.analysis.figures.buffering`) always."""
-        slo = SloTracker(cfg.slo) if cfg.slo is not None else None
-        otlp = SpanExporter(cfg.otlp) if cfg.otlp is not None else None
-        hop = BufferingTracker()
-        shadower = Shadower(cfg.shadow, cfg.recorder) if cfg.shadow is not None else None
-        advice = LiveAdvice(cfg.advise_window_s, schedule=cfg.speculative_schedule) if cfg.advise_every_s > 0 else None
-        observers = (
-            *([advice.observe] if advice else []),
-            *([slo.observe] if slo else []),
-            *([otlp.observe] if otlp else []),
-            hop.observe,
-            *([shadower.live_record] if shadower else []),
-        )
+    def create(
+        cls, cfg: ProxyConfig, session: aiohttp.ClientSession, addons: Sequence[type[Addon]] = REGISTRY
+    ) -> Bookkeeper:
+        """The bookkeeper of ``cfg``, its recorder on ``session``, with each of ``addons`` that ``cfg`` turns on:
+        each hears the records and the inference requests, and adds its section to the status and its families to
+        the metrics."""
+        running: list[Addon] = []
+        collectors = []
+        for addon in addons:
+            one = addon.create(cfg)
+            if one is not None:
+                running.append(one)
+            collector = addon.collector(one)
+            if collector is not None:
+                collectors.append(collector)
+        observers = tuple(a.observe for a in running)
         rcfg = replace(cfg.recorder, observers=(*cfg.recorder.observers, *observers))
-        keeper = cls(cfg, Recorder(rcfg, session), slo)
-        keeper.hop = hop
-        if shadower is not None:
-            keeper.shadower = shadower
-            keeper.recorder.on_text = shadower.live_text
-        keeper.recorder.metrics.registry.register(ShadowCollector(shadower))  # without --shadow: empty families
-        keeper.advice = advice
-        keeper.recorder.metrics.registry.register(LiveAdviceCollector(advice))
-        if otlp is not None:
-            keeper.otlp = otlp
-            keeper.recorder.metrics.registry.register(OtlpCollector(otlp))
+        keeper = cls(cfg, Recorder(rcfg, session), running)
+        texts = [a.response_text for a in running if type(a).response_text is not Addon.response_text]
+        if texts:
+            keeper.recorder.on_text = texts[0] if len(texts) == 1 else functools.partial(_each, texts)
+        for collector in collectors:
+            keeper.recorder.metrics.registry.register(collector)
         return keeper
 
-    def __init__(self, cfg: ProxyConfig, recorder: Recorder, slo: SloTracker | None = None) -> None:
+    def __init__(self, cfg: ProxyConfig, recorder: Recorder, addons: Sequence[Addon] = ()) -> None:
         self.cfg = cfg
         self.recorder = recorder
-        self.slo = slo
-        self.hop: BufferingTracker | None = None  # the path's buffering verdict, from the recorder's records
+        self.addons = tuple(addons)
         self.resolver = WorkloadResolver(cfg.rules)
         self.connections: list[Connection] = []
         self._health: asyncio.Task[None] | None = None
-        self._advising: asyncio.Task[None] | None = None
         self._healthy = True
         self.restarts: dict[str, int] = {}  # processes the supervisor restarted, by role (--workers N)
         recorder.metrics.registry.register(_RelayCollector(self))
@@ -205,29 +192,15 @@ class Bookkeeper:
 
     async def start(self) -> None:
         await self.recorder.start()
-        if self.shadower is not None:  # its candidates' records go to the recorder's file
-            await self.shadower.start(self.recorder.sink)
+        for addon in self.addons:
+            await addon.start(self.recorder)
         self._health = asyncio.get_running_loop().create_task(self._watch_health())
-        if self.advice is not None:
-            self._advising = asyncio.get_running_loop().create_task(self._advise(self.advice))
-
-    async def _advise(self, live: LiveAdvice) -> None:
-        """Refresh the live advice every ``--advise-every`` seconds, computed in a thread on a snapshot of the
-        window (a few thousand records take a fraction of a second, which the bookkeeper's loop should not wait)."""
-        while True:
-            await asyncio.sleep(self.cfg.advise_every_s)
-            try:
-                records, points = live.snapshot(), live.band_points()
-                live.update(*await asyncio.to_thread(LiveAdvice.compute_all, records, points, live.schedule))
-            except Exception:  # the advice is a view of the records: a failure loses nothing, and is said
-                log.exception("refreshing the live advice failed")
 
     async def caught_up(self, t_ns: int) -> bool:
         """Wait until every relay with a request in flight has sent its events stamped up to ``t_ns`` (so each chunk
         it read by then is in the ledger), for at most :data:`CATCH_UP_MAX_S`; whether it had to wait. On a busy
-        host the relays' events can reach this process hundreds of milliseconds after they were read; a scrape
-        settled before they arrive finds fewer chunks than the engine counted steps and gives the rest of its
-        delta to nobody."""
+        host the relays' events can reach this process well after they were read; a scrape settled before they
+        arrive finds fewer chunks than the engine counted steps and gives the rest of its delta to nobody."""
         loop = asyncio.get_running_loop()
         end = loop.time() + CATCH_UP_MAX_S
         waited = False
@@ -305,8 +278,9 @@ class Bookkeeper:
             trace_parent=tp if parse_traceparent(tp := doc["h"].get(TRACE_HEADER)) is not None else None,
         )
         keep_text = False
-        if self.shadower is not None and is_inference(meta.method, meta.path):
-            keep_text = self.shadower.offer(meta)  # a greedy pair's live text is compared with its shadow's
+        if self.addons and is_inference(meta.method, meta.path):
+            for addon in self.addons:
+                keep_text = addon.request(meta) or keep_text
         trace = self.recorder.begin(meta, keep_text=keep_text)
         if doc.get("shed"):
             trace.flags.append(SHED_FLAG)
@@ -355,16 +329,10 @@ class Bookkeeper:
     def status(self) -> dict[str, Any]:
         st = self.recorder.status()
         st["bookkeeping"] = self.relay_totals()
-        if self.slo is not None:
-            st["slo"] = self.slo.status()
-        if self.otlp is not None:
-            st["otlp"] = self.otlp.status()
-        if self.hop is not None:
-            st["path"] = {"buffering": self.hop.status()}
-        if self.advice is not None:
-            st["advice"] = self.advice.status()
-        if self.shadower is not None:
-            st["shadow"] = self.shadower.status()
+        for addon in self.addons:
+            section = addon.status()
+            if section is not None:
+                st[addon.name] = section
         return st
 
     def _push_health(self) -> None:
@@ -385,15 +353,18 @@ class Bookkeeper:
         """Every relay has stopped: record what they left unfinished, then finish and write every record."""
         if self._health is not None:
             self._health.cancel()
-        if self._advising is not None:
-            self._advising.cancel()
         for conn in self.connections:
             conn.lost("the proxy stopped")
-        if self.shadower is not None:  # shadows in flight are cut; their records go in before the sink closes
-            await self.shadower.close()
+        for addon in self.addons:  # what an addon has in flight is recorded before the sink closes
+            await addon.stop()
         await self.recorder.close()
-        if self.otlp is not None:  # after the last record: its span goes too
-            await self.otlp.close()
+        for addon in self.addons:
+            await addon.close()
+
+
+def _each(listeners: Sequence[Callable[[str, str], None]], request_id: str, text: str) -> None:
+    for listener in listeners:
+        listener(request_id, text)
 
 
 class _RelayCollector(Collector):

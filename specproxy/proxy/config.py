@@ -7,16 +7,10 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from specproxy.analysis.figures.slo import SloSpec
 from specproxy.core.workload_rules import Rule
 from specproxy.recorder.config import OtlpConfig
-from specproxy.recorder.live_bands import Schedule
 from specproxy.recorder.recorder import RecorderConfig
-
-if TYPE_CHECKING:
-    from specproxy.proxy.shadow import ShadowConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,15 +30,11 @@ class ProxyConfig:
     fail_closed: bool = False
     client_header_timeout_s: float = 60.0  # a whole request head, from connect or from its first byte (nginx's 60 s)
     client_body_timeout_s: float = 60.0  # between two reads of a request body (nginx's client_body_timeout)
-    slo: SloSpec | None = None  # --slo: live attainment and goodput per workload in /specproxy/status
     # Events a relay holds for its bookkeeper before it sheds chunk events and large bodies (twice this: new
     # requests go unrecorded, counted as lost). --bookkeeping-buffer.
     bookkeeping_buffer_bytes: int = 8 * 1024 * 1024
     otlp: OtlpConfig | None = None  # --otlp-endpoint: a span per inference request, from the bookkeeper
-    advise_every_s: float = 60.0  # --advise-every: the live advice's refresh (0: off)
-    advise_window_s: float = 600.0  # --advise-window: the live records it is computed from
-    speculative_schedule: Schedule | None = None  # --speculative-config: what the engine was told, checked per band
-    shadow: ShadowConfig | None = None  # --shadow: a share of live requests also sent to candidates (proxy/shadow.py)
+    addons: dict[str, object] = field(default_factory=dict)  # each addon's settings by its name (proxy/addons)
     workers: int = 0  # relay processes (0: one process, the bookkeeper on the relay's loop)
     fast_lane: bool = True  # plain POSTs read by the relay's own front door (proxy/frontdoor.py); --no-fast-lane
     # The Authorization field for the upstream, for requests that bring none (SPECPROXY_UPSTREAM_CREDENTIALS or

@@ -2,10 +2,11 @@
 candidate's replies recorded and compared with the live ones (:mod:`specproxy.shadow`).
 
 The relay is untouched: it serves the client from the primary only and never learns of shadows. The bookkeeper
-sees each request's body in its BEGIN event, within the relays' flush delay of its arrival (a few milliseconds),
-and sends the shadow then, with its own HTTP client. A shadow's reply is read to its end by a recorder of its own
-per candidate (its engine's ``/metrics`` scraped, its records written to the proxy's record file with the
-candidate's label and ``shadow_of``), then dropped. What is bounded:
+sees each request's body in its BEGIN event, within the relays' flush delay of its arrival, and sends the shadow
+then, with its own HTTP client. A shadow's reply is read to its end by a recorder of its own per candidate (its
+engine's ``/metrics`` scraped, its records written to the proxy's record file with the candidate's label and
+``shadow_of``), then dropped. The options and the bookkeeper's events reach it through its addon
+(:mod:`specproxy.proxy.addons.shadow`). What is bounded:
 
 - at most ``max_inflight`` shadows per candidate: past it a sampled request is not shadowed (``saturated``);
 - a candidate that fails :data:`FAILURES_TO_PAUSE` times in a row is left alone for :data:`PAUSE_S` (``failing``);
@@ -124,8 +125,8 @@ class Shadower:
         self._summary: tuple[float, int, dict[str, dict[str, dict[str, Any]]]] | None = None
 
     def summaries(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """The pairs' summaries (bootstrap intervals: tens of milliseconds for thousands of pairs), computed at most
-        every :data:`SUMMARY_EVERY_S` for status and metrics alike, and only when pairs came since."""
+        """The pairs' summaries (bootstrap intervals, whose cost grows with the pairs), computed at most every
+        :data:`SUMMARY_EVERY_S` for status and metrics alike, and only when pairs came since."""
         now, n = time.monotonic(), self.book.added
         cached = self._summary
         if cached is None or (cached[1] != n and now - cached[0] >= SUMMARY_EVERY_S):

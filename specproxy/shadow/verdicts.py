@@ -17,9 +17,8 @@ from specproxy.core.stats import median
 from specproxy.shadow.pairs import Pair
 
 # A candidate is "not lossless" when more than this share of its greedy pairs parted before their tails (and at
-# least NOT_LOSSLESS_MIN of them did): a near-tie flipped by floating point parts some pairs, a broken drafter most.
-# Measured: the real CPU vLLM (bf16), ngram k=3 against no speculation, 96-token replies: 2 of 7 code pairs parted
-# (around character 285), 0 of 7 chat pairs; the simulator's broken drafter (garble 0.3): every pair, by character 10.
+# least NOT_LOSSLESS_MIN of them did): a near-tie flipped by floating point parts some pairs, a broken drafter most
+# (docs/shadow.md has the pairs this was set from).
 NOT_LOSSLESS_SHARE = 0.5
 NOT_LOSSLESS_MIN = 3
 
