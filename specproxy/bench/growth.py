@@ -3,7 +3,7 @@
 The soak (:mod:`specproxy.bench.soak`) samples each of the proxy's processes every second. The first fifth of a soak
 is warm-up (pools fill, the allocator takes what it keeps); over the last four fifths:
 
-- ``slope_mb_per_1000``: the least-squares slope of RSS against requests finished, MB per 1,000 requests. It uses
+- ``slope_mb_per_1000``: the least-squares slope of RSS against requests finished, MB per thousand requests. It uses
   every sample, so one step of the allocator weighs as what it is, not as an end point.
 - ``fifths_mb_per_1000``: the median RSS over the last fifth minus the median over the second fifth, divided by the
   thousands of requests finished between the middles of the two;
@@ -11,8 +11,8 @@ is warm-up (pools fill, the allocator takes what it keeps); over the last four f
   pools reaching the high-water mark of the load, a window of records filling) grows on past the first fifth of a
   short soak and then stops: this slope says whether it has stopped. The verdict is on the four fifths' slope.
 
-A process passes when its slope is at most :data:`TARGET_MB_PER_1000`: at 100 requests/s that is at most 173 MB a
-day, and whatever grows per request has to be bounded to stay under it over ten minutes.
+A process passes when its slope is at most :data:`TARGET_MB_PER_1000`, so small that whatever grows per request has
+to be bounded to stay under it over a soak of minutes (what it means per day: docs/bench.md).
 """
 
 from __future__ import annotations

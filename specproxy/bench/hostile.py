@@ -43,7 +43,8 @@ Sender = Callable[[aiohttp.ClientSession, str], Awaitable[str]]
 
 
 def body_60mb() -> bytes:
-    """A chat request of 60 MB: 30 million tiny array elements beside the messages (under the default --max-body)."""
+    """A chat request of ``30_000_000`` tiny array elements (two bytes each) beside the messages, under the default
+    ``--max-body``."""
     head = b'{"model":"bench","max_tokens":4,"stream":false,"messages":[{"role":"user","content":"hi"}],"pad":['
     return head + b"0," * 30_000_000 + b"0]}"
 

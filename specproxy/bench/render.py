@@ -22,7 +22,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _per_request(r: dict[str, Any], per_1000_key: str) -> float | None:
-    """A figure per 1,000 events of a phase as milliseconds per request (stream)."""
+    """A figure per thousand events of a phase (a ``*_per_1000`` key) as milliseconds per request (stream)."""
     v = r.get(per_1000_key)
     return None if v is None or not r["streams"] else v * r["events"] / 1000 / r["streams"]
 

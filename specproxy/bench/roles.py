@@ -123,7 +123,7 @@ def cpu_series(root: int | None, upstream_pids: tuple[int, ...]) -> dict[str, tu
 async def sample_cpu(
     series: dict[str, tuple[int, ...]], done: asyncio.Event, listen_port: int = 0, every_s: float = 0.02
 ) -> tuple[dict[str, list[tuple[int, float]]], dict[int, int]]:
-    """Each series' CPU-seconds, read every ``every_s`` with the time of reading, until ``done``; and every 0.5 s
+    """Each series' CPU-seconds, read every ``every_s`` with the time of reading, until ``done``; and every half second
     which process of series ``relay`` holds each client connection to ``listen_port`` (client port: pid)."""
     out: dict[str, list[tuple[int, float]]] = {k: [] for k in series}
     owners: dict[int, int] = {}

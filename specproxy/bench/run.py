@@ -2,7 +2,7 @@
 
 Every relay is started once, in front of one stamping upstream, and measured in turn at each level (direct first),
 so that one run's ratios compare like with like on a noisy machine. Figures per level and relay: each event's added
-transit (p50, p99 of the relay minus the same percentile direct), time to first event, the relay's CPU per 1,000
+transit (p50, p99 of the relay minus the same percentile direct), time to first event, the relay's CPU per thousand
 chunks (its whole process tree) and its RSS growth per stream in flight. At saturation (an unpaced upstream): chunks/s,
 chunks per CPU-second of the relay (what one core fully used would relay), and the client's own capacity.
 
@@ -177,7 +177,7 @@ async def measure(
         "client_chunks_per_s_per_process": events / client_wall / len(outs) if client_wall > 0 else None,
         "client_cpu_s": client_cpu,
         "span_s": span_s,
-        # per role: CPU per 1,000 events, and cores in use over the phase (CPU-seconds per second)
+        # per role: CPU per thousand events, and cores in use over the phase (CPU-seconds per second)
         "client_cpu_ms_per_1000": per_1000(client_cpu),
         "client_cores": client_cpu / client_wall if client_wall > 0 else None,
         "upstream_cpu_ms_per_1000": per_1000(up_cpu) if load.upstream_pids else None,

@@ -7,12 +7,13 @@ and a share is reset by the upstream mid-stream (TCP RST). The bench samples the
 every second, per process (``main``, each relay, the bookkeeper), with the requests the client had finished by then.
 
 It reports the RSS over time, per process; whether the tree is flat (the median of the last fifth of the soak against
-the median of its second fifth, after warm-up: at most 10 % or 16 MB more, whichever is larger); per process how fast
-it grows per request after warm-up (:mod:`specproxy.bench.growth`: MB per 1,000 requests, a least-squares slope over
-the last four fifths and the difference of the fifths, against ``TARGET_MB_PER_1000``); and whether every request the
-client started has exactly one record, with the outcome the client saw (``client_cancelled``, ``upstream_reset``).
-Streams running when the time is up are finished, so the soak ends up to one stream's length later. Memory per stream
-is the levels' figure (``specproxy bench``), where the streams are many enough to amortise the proxy's fixed costs.
+the median of its second fifth, after warm-up: at most :data:`FLAT_SHARE` or :data:`FLAT_MB` more, whichever is larger);
+per process how fast it grows per request after warm-up (:mod:`specproxy.bench.growth`: MB per thousand requests, a
+least-squares slope over the last four fifths and the difference of the fifths, against ``TARGET_MB_PER_1000``); and
+whether every request the client started has exactly one record, with the outcome the client saw (``client_cancelled``,
+``upstream_reset``). Streams running when the time is up are finished, so the soak ends up to one stream's length later.
+Memory per stream is the levels' figure (``specproxy bench``), where the streams are many enough to amortise the proxy's
+fixed costs.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ catch up); at rate 0 it writes as fast as each client reads (a static upstream, 
   read and discarded; ``bench_steps_per_s`` in the body overrides the rate; ``bench_reset_after: N`` resets the
   connection (TCP RST) after N events;
 - ``GET /metrics``: vLLM's speculative-decoding counters, moving with the events sent (so the proxy's bookkeeping
-  attributes them as it would in front of vLLM); ``GET /metrics-big``: 12 MB of unrelated metrics;
-- ``POST /interim-flood``: 1 MB of ``HTTP/1.1 100 Continue`` heads, then the answer (a hostile upstream).
+  attributes them as it would in front of vLLM); ``GET /metrics-big``: 12 MiB of unrelated metrics;
+- ``POST /interim-flood``: 1 MiB of ``HTTP/1.1 100 Continue`` heads, then the answer (a hostile upstream).
 
 Several such processes can serve one port (``--reuse-port``, SO_REUSEPORT: the kernel spreads connections over them),
 so that the upstream is not what caps a relay of several processes. Their counters are then one engine's: each
@@ -43,7 +43,7 @@ from specproxy.bench.wire import DONE, LAST_CHUNK, SSE_HEAD, chunk, event, now_n
 HIGH_WATER = 256 * 1024  # a reader this far behind gets no more events until it catches up (rate 0)
 K = 3  # draft tokens per decode step
 _STEP_TOKENS = (1, 2, 1, 3)  # tokens a decode step brings, in turn
-INTERIM_FLOOD = b"HTTP/1.1 100 Continue\r\n\r\n" * (1024 * 1024 // 25)  # 1 MB of interim replies
+INTERIM_FLOOD = b"HTTP/1.1 100 Continue\r\n\r\n" * (1024 * 1024 // 25)  # 1 MiB of interim replies
 
 
 class Counters:
@@ -368,7 +368,7 @@ class Upstream:
         try:
             req = json.loads(body)
         except ValueError:
-            req = {}  # a body over 64 KiB (the hostile 60 MB one): answered, not parsed
+            req = {}  # a body over 64 KiB (the hostile one of tiny elements): answered, not parsed
         if not isinstance(req, dict):
             req = {}
         if req.get("stream") is True:

@@ -160,7 +160,7 @@ def targets(levels: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> l
         n = row.get("workers")
         if one is None or n is None or n == 1 or not one["chunks_per_s"] or row["chunks_per_s"] is None:
             continue
-        limit = SCALING_TARGETS.get(n, 1.8 if len(spec) == 2 else None)  # one N beside 1: the 1.8x of two workers
+        limit = SCALING_TARGETS.get(n, 1.8 if len(spec) == 2 else None)  # one N beside 1: two workers' target
         if limit is not None:
             add(
                 f"{row['relay']} / --workers 1: chunks/s at saturation",
