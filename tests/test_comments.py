@@ -22,14 +22,6 @@ pytestmark = pytest.mark.unit
 
 PKG = Path(__file__).resolve().parent.parent / "specproxy"
 
-# Files being reworked elsewhere at the moment; each is checked again once it leaves this list.
-NOT_YET_CHECKED = (
-    "commands/proxy.py",
-    "commands/options.py",
-    "proxy/bookkeeper.py",
-    "proxy/shadow.py",
-    "shadow/",
-)
 
 _NUM = r"\d+(?:\.\d+)?"
 _DECIMAL_OR_RANGE = rf"(?:\d+\.\d+|{_NUM}\s?(?:-|–|to)\s?{_NUM})"
@@ -132,7 +124,5 @@ def test_no_comment_carries_a_date_or_a_measured_figure() -> None:
     found = []
     for f in sorted(PKG.rglob("*.py")):
         rel = f.relative_to(PKG).as_posix()
-        if rel.startswith(NOT_YET_CHECKED):
-            continue
         found += [f"specproxy/{rel}:{n}: {what!r}" for n, what in offences(f.read_text(encoding="utf-8"))]
     assert not found, "dates or measured figures in comments (they belong in CHANGELOG.md):\n" + "\n".join(found)

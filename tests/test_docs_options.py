@@ -53,8 +53,6 @@ OTHER_FLAGS_BY_PROGRAM = {
 }
 OTHER_FLAGS = frozenset(f for flags in OTHER_FLAGS_BY_PROGRAM.values() for f in flags)
 
-# Options that another part of the work adds; each leaves this list when its command has it.
-PENDING = {("proxy",): frozenset({"--config"})}
 
 FLAG = re.compile(r"--?[A-Za-z][\w-]*")
 FENCE = re.compile(r"^(```|~~~)")
@@ -94,7 +92,7 @@ def _cli_options() -> dict[tuple[str, ...], frozenset[str]]:
 
 
 LANDED = _cli_options()
-OPTIONS = {path: opts | PENDING.get(path, frozenset()) for path, opts in LANDED.items()}
+OPTIONS = LANDED
 ANY_OPTION = frozenset().union(*OPTIONS.values())
 
 
@@ -287,12 +285,6 @@ def _check(path: Path, shown_as: Path) -> list[str]:
 def test_every_command_and_option_named_exists(path: Path) -> None:
     problems = _check(path, path)
     assert not problems, "\n".join(problems)
-
-
-def test_pending_options_have_not_landed() -> None:
-    """Once a pending option exists, it leaves PENDING, so that the list never hides a removed one."""
-    landed = [f"specproxy {' '.join(path)} {opt}" for path, opts in PENDING.items() for opt in opts & LANDED[path]]
-    assert not landed, f"{', '.join(landed)} exists now: take it out of PENDING in tests/test_docs_options.py"
 
 
 def test_readme_is_a_front_door() -> None:

@@ -103,8 +103,9 @@ def summarize_pairs(candidate: str, workload: str, pairs: Sequence[Pair], *, see
 
 
 def sentence(candidate: str, workload: str, s: Mapping[str, Any]) -> str:
-    """What a user reads: "mtp3 would be 1.31x [1.22-1.40] faster for code_agent at today's load, lossless on 412
-    of 412 greedy pairs"."""
+    """What a user reads, in this shape:
+    ``mtp3 would be 1.31x [1.22-1.40] faster for code_agent at today's load, lossless on 412 of 412 greedy pairs``.
+    """
     speed, word = s["speedup"], s["verdict"]
     if speed["median"] is None:
         head = f"{candidate}: no paired decode speed yet for {workload}"
