@@ -124,7 +124,7 @@ async def test_the_proxy_status_shows_slo_attainment_and_goodput_per_workload(tm
     slo = parse_slo(["e2e=60s", "ja_chat:ttft=1us"])  # chat can never meet a 1 us TTFT; code always meets 60 s
     async with (
         running_sim(speed=50.0) as sim,
-        running_proxy(sim.url, tmp_path, slo=slo) as px,
+        running_proxy(sim.url, tmp_path, addons={"slo": slo}) as px,
         aiohttp.ClientSession() as s,
     ):
         for prompt, workload in ((JA_PROMPT, "ja_chat"), (CODE_PROMPT, "code_agent"), (CODE_PROMPT, "code_agent")):
