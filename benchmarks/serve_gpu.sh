@@ -2,7 +2,7 @@
 # Three vLLM servers of one model on one GPU for the real-engine harness (python -m benchmarks.real_engine):
 #   base :8000 (no speculation), ngram :8001 (k=3, lookup 2-4), draft :8002 (DRAFT_DIR as draft_model, k=3).
 # usage: serve_gpu.sh MODEL_DIR DRAFT_DIR LOG_DIR   (vLLM importable by python3; each server in a session of its own,
-# so it outlives this script; stop them with: kill $(cat LOG_DIR/*.pid))
+# so it outlives this script; stop them with: kill $(cat LOG_DIR/*.pid)). ENGINES="base ngram" starts only those.
 set -uo pipefail
 M=${1:?model dir}; D=${2:?draft dir}; L=${3:?log dir}
 mkdir -p "$L"
@@ -14,18 +14,26 @@ start() {  # NAME PORT [ARGS...]
     "$@" >"$L/$name.log" 2>&1 < /dev/null &
   echo $! >"$L/$name.pid"
 }
-start base 8000
-start ngram 8001 --speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4,"prompt_lookup_min":2}'
-start draft 8002 --speculative-config "{\"method\":\"draft_model\",\"model\":\"$D\",\"num_speculative_tokens\":3}"
+ENGINES=${ENGINES:-base ngram draft}
+port_of() { case $1 in base) echo 8000;; ngram) echo 8001;; draft) echo 8002;; esac; }
+for n in $ENGINES; do
+  case $n in
+    base) start base 8000;;
+    ngram) start ngram 8001 --speculative-config \
+      '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4,"prompt_lookup_min":2}';;
+    draft) start draft 8002 --speculative-config "{\"method\":\"draft_model\",\"model\":\"$D\",\"num_speculative_tokens\":3}";;
+  esac
+done
 deadline=$((SECONDS + ${WAIT_S:-420}))
-for port in 8000 8001 8002; do
+for n in $ENGINES; do
+  port=$(port_of "$n")
   until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
     [ $SECONDS -gt $deadline ] && { echo "port $port not healthy"; break; }
     sleep 2
   done
 done
-for n in base ngram draft; do
-  if curl -sf "http://127.0.0.1:$(case $n in base) echo 8000;; ngram) echo 8001;; draft) echo 8002;; esac)/health" >/dev/null; then
+for n in $ENGINES; do
+  if curl -sf "http://127.0.0.1:$(port_of "$n")/health" >/dev/null; then
     echo "$n: healthy after ${SECONDS}s"
   else
     echo "$n: NOT healthy; its log ends:"; tail -25 "$L/$n.log"
