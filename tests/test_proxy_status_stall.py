@@ -3,7 +3,8 @@ it knows itself (its counters and the last whole status it got, with its age), m
 probes keep a relaying proxy alive; once the bookkeeper runs again, the whole status.
 
 Real processes (``python -m specproxy proxy`` in front of the simulator), the bookkeeper stopped with SIGSTOP;
-every wait is on a condition, every timing a bound.
+every wait is on a condition, every timing a bound. The late answer and the bound on awaited answers are checked on
+the test's loop, the bookkeeper a fake that holds its answers.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
+from specproxy.proxy.events import QUERY, REPLY, frame, reply_payload
+from specproxy.proxy.link import MAX_LATE_QUERIES, STATUS_WAIT_S, EventLink
 from tests.proxyutil import proxy_process
 from tests.simutil import CODE_PROMPT, chat_body, sim_process
+from tests.test_proxy_link import FakeBookkeeper
 
 BOUND_S = 1.5  # well under the 2 s the scraper waits, over the relay's 0.5 s, with room for a busy machine
 
@@ -110,3 +115,27 @@ async def test_a_stalled_bookkeeper_gets_the_relays_partial_status_within_half_a
         assert "bookkeeper" not in st and "last_full" not in st, st
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_a_late_status_becomes_the_last_whole_one_and_late_answers_are_bounded() -> None:
+    """A status the bookkeeper sends after the relay answered partially is kept as ``last_full``; the answers still
+    awaited stay bounded however many queries a stalled bookkeeper leaves unanswered."""
+    link = EventLink(soft_bytes=1 << 20, hard_bytes=1 << 21, capture_max_bytes=1 << 20, header_names=())
+    bk = FakeBookkeeper(link)  # answers nothing until told
+    link.attach_local(bk.send)
+    t0 = time.monotonic()
+    code, _, body = await link.query("/specproxy/status")
+    assert time.monotonic() - t0 < BOUND_S
+    doc = orjson.loads(body)
+    assert (code, doc["partial"], doc["last_full"]) == (200, True, None), doc
+    assert doc["bookkeeper"] == {"answered": False, "waited_s": STATUS_WAIT_S, "last_full_age_s": None}, doc
+
+    (qid,) = [f[1] for f in bk.frames if f[0] == QUERY]
+    link.received(frame(REPLY, qid, 200, reply_payload("application/json", b'{"records":{"written":7}}')))
+    doc = orjson.loads((await link.query("/specproxy/status"))[2])
+    assert doc["partial"] is True and doc["last_full"] == {"records": {"written": 7}}, doc
+    assert 0 <= doc["bookkeeper"]["last_full_age_s"] < 60, doc
+
+    await asyncio.gather(*(link.query("/specproxy/status") for _ in range(MAX_LATE_QUERIES + 10)))
+    assert len(link._queries) <= MAX_LATE_QUERIES
+    await link.close(within_s=0.1)
