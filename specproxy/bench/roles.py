@@ -65,7 +65,7 @@ async def settled_status(url: str, wait_s: float = 20.0) -> dict[str, Any] | Non
         if st is None:
             return None
         bk = st["bookkeeping"]
-        calm = calm + 1 if not bk.get("backlog_bytes") and not bk.get("relay_in_flight") else 0
+        calm = calm + 1 if not (st.get("partial") or bk.get("backlog_bytes") or bk.get("relay_in_flight")) else 0
         if calm >= 2 or loop.time() > end:
             return st
 
@@ -86,7 +86,7 @@ async def pin_roles(relay: Relay, cfg: BenchConfig, notes: list[str]) -> None:
     the relays', in turn: found by the pids its status gives, once every relay has reported."""
     for _ in range(100):
         st = await proxy_status(relay.url)
-        bk = st.get("bookkeeping", {}) if st is not None else {}
+        bk = st.get("bookkeeping", {}) if st is not None and not st.get("partial") else {}  # partial: a relay's pid
         if bk.get("pid") and len(bk.get("relay_pids", ())) >= (relay.workers or 1):
             break
         await asyncio.sleep(0.1)

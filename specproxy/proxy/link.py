@@ -53,7 +53,14 @@ STATS_INTERVAL_S = 0.5
 # relay's own stamps, so the delay changes no figure; records come this much later.
 FLUSH_EVERY_S = 0.005
 FLUSH_BYTES = 256 * 1024
-QUERY_TIMEOUT_S = 2.0  # then the own endpoints answer with what the relay knows, marked partial
+STATUS_PATH = "/specproxy/status"
+# How long a relay waits for its bookkeeper's answer before answering with what it knows itself, marked partial.
+# Status is read by probes (a Kubernetes httpGet probe gives up after 1 s by default) and people: a stalled
+# bookkeeper must not make them wait. A scraper waits longer (Prometheus: up to its interval), and a partial scrape
+# drops every bookkeeping series for that scrape, so the metrics wait more.
+STATUS_WAIT_S = 0.5
+QUERY_WAIT_S = 2.0  # every other own endpoint (/specproxy/metrics)
+MAX_LATE_QUERIES = 64  # queries answered partially whose late answers are still awaited (a late status is kept)
 GONE = 0  # a query's answer when the bookkeeper went away before it answered
 MAX_DOUBTFUL = 100_000
 TRACE_HEADER = "traceparent"  # W3C Trace Context: sent to the bookkeeper when spans are exported (--otlp-endpoint)
@@ -151,7 +158,9 @@ class EventLink:
         self._scheduled: asyncio.Handle | None = None
         self._every_s = 0.0  # 0: flushed once per loop iteration (a bookkeeper on this loop)
         self._seq = 0
-        self._queries: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        # queries awaiting the bookkeeper's answer, with their paths; a late one stays (bounded) for its answer
+        self._queries: dict[int, tuple[str, asyncio.Future[tuple[int, bytes]]]] = {}
+        self._last_full: tuple[bytes, float] | None = None  # the last whole status the bookkeeper sent, and when
         self._reader = FrameReader()
         self._send: Callable[[bytes], None] | None = None
         self._buffered: Callable[[], int] = lambda: 0
@@ -297,30 +306,40 @@ class EventLink:
     # -- the own endpoints -------------------------------------------------------------------------------------------
     async def query(self, path: str) -> tuple[int, str, bytes]:
         """Ask the bookkeeper for an own endpoint's answer: (status, content type, body). A bookkeeper that is gone
-        (restarting) or stalled does not make the endpoint wait: within :data:`QUERY_TIMEOUT_S` the answer is what
-        this relay knows itself, marked partial."""
+        (restarting) or stalled does not make the endpoint wait: within :data:`STATUS_WAIT_S` (status) or
+        :data:`QUERY_WAIT_S` the answer is what this relay knows itself, marked partial."""
         if not self.alive:
-            return self.partial(path, "the bookkeeping process is gone (being restarted)")
+            return self.partial(path, "the bookkeeping process is gone (being restarted)", 0.0)
         self._seq = qid = (self._seq + 1) & 0xFFFFFFFF
-        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
-        self._queries[qid] = fut
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+        self._queries[qid] = (path, fut)
         self._stats(force=True)  # this relay's counters as of now come first
         self._append(QUERY, qid, 0, path.encode())
         self.flush()  # an answer is awaited: no batching delay
+        wait_s = STATUS_WAIT_S if path == STATUS_PATH else QUERY_WAIT_S
+        t0 = loop.time()
+        late = False
         try:
-            status, payload = await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
+            # shielded: on time out the query stays, so that a late status still becomes the last one known
+            status, payload = await asyncio.wait_for(asyncio.shield(fut), wait_s)
         except TimeoutError:
-            return self.partial(path, f"the bookkeeping process did not answer within {QUERY_TIMEOUT_S:g} s")
+            late = True
+            if len(self._queries) > MAX_LATE_QUERIES:
+                self._queries.pop(next(iter(self._queries)))
+            return self.partial(path, f"the bookkeeping process did not answer within {wait_s:g} s", wait_s)
         finally:
-            self._queries.pop(qid, None)
+            if not late:
+                self._queries.pop(qid, None)
         if status == GONE:
-            return self.partial(path, "the bookkeeping process is gone (being restarted)")
+            return self.partial(path, "the bookkeeping process is gone (being restarted)", loop.time() - t0)
         content_type, body = split_reply(payload)
         return status, content_type, body
 
-    def partial(self, path: str, why: str) -> tuple[int, str, bytes]:
+    def partial(self, path: str, why: str, waited_s: float) -> tuple[int, str, bytes]:
         """What this relay knows without the bookkeeper (its own counters), marked ``partial``: the records, the
-        engine and the other relays are the bookkeeper's."""
+        engine and the other relays are the bookkeeper's. Status adds the last whole status this relay got, with
+        its age."""
         s = self.stats()
         s["lost_by"] = dict(self.lost_by)
         s["restarts"] = restarts = {"bookkeeper": 0, "relay": 0, **self.restarts}
@@ -339,9 +358,17 @@ class EventLink:
                 *(f'specproxy_process_restarts_total{{role="{k}"}} {float(v)}' for k, v in sorted(restarts.items())),
             ]
             return 200, "text/plain; version=0.0.4; charset=utf-8", ("\n".join(lines) + "\n").encode()
-        if path != "/specproxy/status":
+        if path != STATUS_PATH:
             return 503, "text/plain", f"{why}\n".encode()
-        doc = {"partial": True, "why": why, "bookkeeping": s | {"relay_pids": [s["pid"]]}}
+        last = self._last_full
+        age = None if last is None else round(time.monotonic() - last[1], 3)
+        doc = {
+            "partial": True,
+            "why": why,
+            "bookkeeper": {"answered": False, "waited_s": round(waited_s, 3), "last_full_age_s": age},
+            "bookkeeping": s | {"relay_pids": [s["pid"]]},
+            "last_full": None if last is None else orjson.loads(last[0]),
+        }
         return 200, "application/json", orjson.dumps(doc)
 
     def _lose(self, cause: str) -> None:
@@ -438,8 +465,13 @@ class EventLink:
                         self._lose("sink")
                         r.lost = True
             elif kind == REPLY:
-                fut = self._queries.get(seq)
-                if fut is not None and not fut.done():
+                query = self._queries.pop(seq, None)
+                if query is None:
+                    continue
+                path, fut = query
+                if path == STATUS_PATH and t == 200:
+                    self._last_full = (split_reply(payload)[1], time.monotonic())
+                if not fut.done():
                     fut.set_result((t, payload))
 
     def gone(self, why: str) -> None:
@@ -451,9 +483,10 @@ class EventLink:
             return
         self._forget_handed("bookkeeper_died")
         log.error("bookkeeping lost (%s): relaying goes on, records are counted lost", why)
-        for fut in self._queries.values():
+        for _, fut in self._queries.values():
             if not fut.done():
                 fut.set_result((GONE, b""))
+        self._queries.clear()
 
     def _stats(self, *, force: bool = False) -> None:
         s = self.stats()
