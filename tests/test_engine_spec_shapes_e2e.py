@@ -3,6 +3,7 @@ record's server figure and names its shape; a simulator batching steps (``--stre
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,24 @@ async def test_one_step_per_chunk_is_not_taken_for_an_interval(tmp_path: Path) -
 def test_fixtures_are_listed_in_their_readme() -> None:
     readme = (DATA / "engine-shapes" / "README.md").read_text()
     assert all(f"`{name}`" in readme and f"`{shape}`" in readme for name, (shape, _) in CASES.items())
+
+
+async def test_a_stream_interval_with_speculation_chooses_no_chunk_derived_share(tmp_path: Path) -> None:
+    async with (
+        running_sim(FAST, spec_method="mtp", num_speculative_tokens=3, stream_interval=4) as sim,
+        running_proxy(sim.url, tmp_path) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        for _ in range(500):  # a baseline scrape, so the request's counter deltas are had
+            if px.recorder.scraper.state.ok:
+                break
+            await asyncio.sleep(0.01)
+        async with s.post(px.url + "/v1/chat/completions", json=chat_body(max_tokens=60)) as r:
+            await r.read()
+        await px.flush()
+        (rec,) = px.records()
+    assert "stream_interval_suspected" in rec["flags"] and rec["chunks_are_steps"] is False
+    spec = rec["spec"]
+    assert spec["source"] != "chunks"
+    # a share split by chunks that merge steps reads more accepted than drafted: never the record's figure
+    assert spec["acceptance_rate"] is None or spec["acceptance_rate"] <= 1

@@ -141,7 +141,12 @@ def decide(ev: Evidence) -> Choice:
         flags.append("partial_drafting")
     if chunks is not None and not chunks_are_steps:
         chunks = chunks.approximate()
-    source, chosen = choose(server, None if merged else chunks, counters)
+    if merged and counters is not None and not counters.exact:
+        # the ledger split the deltas by chunks, each taken for one step: its share is as wrong as theirs
+        flags.append("counters_split_by_merged_chunks")
+        source, chosen = choose(server, None, None)
+    else:
+        source, chosen = choose(server, None if merged else chunks, counters)
     if source == "counters" and ev.counters is not None and ev.counters.unsettled:
         flags.append(UNSETTLED_FLAG)
     if chosen is not None and chosen.draft_tokens and chosen.counts.accepted == 0:
