@@ -28,6 +28,7 @@ _.pre_tokenizer  # tests/test_tokenizer.py: a tokenizers.Tokenizer
 # Fields of records written whole (asdict, orjson, TypedDict rows), read by whoever reads the file or the JSON.
 SPEC_SOURCES  # core/record.py: the documented set of spec sources
 estimates
+server_source  # core/record.py: SpecBlock, read by whoever reads the record
 schema_version
 upstream_headers_s
 proxy_overhead_s

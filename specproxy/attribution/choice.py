@@ -8,6 +8,9 @@ Every request can have up to three estimates (:mod:`specproxy.attribution.estima
 3. the counters' share, also when it is zero and the chunks are inexact: no draft while the request ran is evidence;
 4. inexact chunks, then whatever the server said.
 
+Chunks that merge several engine steps (a server-side ``stream_interval`` above 1: vLLM's flag, TensorRT-LLM's
+option, Dynamo's frontend) are never chosen: a chunk of n merged steps would read as n - 1 accepted drafts.
+
 The checks that decide "chunks are steps" and "every step drafts" compare the sources with each other, so they live
 here too. Pure: evidence in, a choice out.
 """
@@ -40,7 +43,7 @@ class Evidence:
     exact_counts: bool  # the counts came from the server (usage or token ids), not from text
     several_choices: bool  # n > 1: chunks of several sequences interleave
     k: float | None  # num_speculative_tokens, configured or learned from the counters
-    server_spec: Mapping[str, Any] | None = None  # vLLM's per-request speculative_decoding block
+    server_spec: Mapping[str, Any] | None = None  # the engine's per-request figure in vLLM's keys, with its shape
     llama_timings: Mapping[str, Any] | None = None
     counters: CounterAttribution | None = None
     metrics_failing: bool = False  # the engine's /metrics is configured but its scrapes fail
@@ -59,6 +62,7 @@ class Choice:
     flags: tuple[str, ...]
     tokens_per_step: dict[str, int]
     k: float | None
+    merged_steps: bool = False  # chunks carry several engine steps each: never the chosen source
 
     def spec_block(self) -> SpecBlock | None:
         """The record's ``spec`` object (docs/records.md)."""
@@ -75,6 +79,7 @@ class Choice:
             mean_acceptance_length=base["mean_acceptance_length"] if base else None,
             per_position=base["per_position"] if base else [],
             tokens_per_step=self.tokens_per_step,
+            server_source=self.server.shape if self.server else None,
             estimates=Estimates(
                 server=self.server.as_dict() if self.server else None,
                 chunks=self.chunks.as_dict() if self.chunks else None,
@@ -91,14 +96,18 @@ def decide(ev: Evidence) -> Choice:
     if ev.per_token_events and ev.stream and tokens:
         flags.append("chunks_not_steps_engine")  # no chunk estimate at all: it would read as zero acceptance
         chunks_are_steps = False
-    if chunks_are_steps and k is not None and max(tokens) > round(k) + 1:
-        flags.append("stream_interval_suspected")  # more tokens in one chunk than one step can bring
-        chunks_are_steps = False
     server = from_server(ev.server_spec) if ev.server_spec else None
     if ev.server_spec and server is None:
         flags.append("server_spec_unusable")  # fields missing, or numbers no engine can produce: not used
     if server is None and ev.llama_timings:
         server = from_llama_timings(ev.llama_timings)
+    merged = False
+    unknown = k is None and server is None and ev.counters is None
+    if chunks_are_steps and stream_interval_suspected(
+        tokens, k, no_drafting=_no_drafting(server, ev.counters, k), speculation_unknown=unknown
+    ):
+        flags.append("stream_interval_suspected")
+        chunks_are_steps, merged = False, True
     chunks = from_chunks(tokens, k) if ev.stream and tokens and not ev.per_token_events else None
     counters: SpecEstimate | None = None
     alone_drafts: float | None = None  # the counters' drafts, when the request had the engine to itself
@@ -111,15 +120,13 @@ def decide(ev: Evidence) -> Choice:
     elif ev.metrics_failing and ev.stream:
         flags.append("metrics_unavailable")
     chunk_drafts = chunks.counts.drafts if chunks is not None else None
-    # alone on the engine the counters are exact: chunks merged steps if they show fewer steps than drafts
-    if (
-        chunks_are_steps
-        and alone_drafts is not None
-        and chunk_drafts is not None
-        and alone_drafts > 1.05 * chunk_drafts + 1
-    ):
+    # alone on the engine the counters are exact, and the server's steps are this request's: chunks merged steps
+    # if they show fewer steps than drafts (steps that drafted nothing are not counted, so never more)
+    steps_seen = [d for d in (alone_drafts, server.counts.drafts if server is not None else None) if d]
+    if chunks_are_steps and chunk_drafts is not None and any(d > 1.05 * chunk_drafts + 1 for d in steps_seen):
         flags.append("chunks_fewer_than_steps")
         chunks_are_steps = False
+        merged = True
     partial_drafting = (
         (k is not None and abs(k - round(k)) > 0.05)  # ngram proposes fewer than k tokens at times
         or ev.engine_drafts_partially  # and drafts on some steps only
@@ -134,7 +141,12 @@ def decide(ev: Evidence) -> Choice:
         flags.append("partial_drafting")
     if chunks is not None and not chunks_are_steps:
         chunks = chunks.approximate()
-    source, chosen = choose(server, chunks, counters)
+    if merged and counters is not None and not counters.exact:
+        # the ledger split the deltas by chunks, each taken for one step: its share is as wrong as theirs
+        flags.append("counters_split_by_merged_chunks")
+        source, chosen = choose(server, None, None)
+    else:
+        source, chosen = choose(server, None if merged else chunks, counters)
     if source == "counters" and ev.counters is not None and ev.counters.unsettled:
         flags.append(UNSETTLED_FLAG)
     if chosen is not None and chosen.draft_tokens and chosen.counts.accepted == 0:
@@ -149,7 +161,44 @@ def decide(ev: Evidence) -> Choice:
         flags=tuple(flags),
         tokens_per_step=tokens_per_step_histogram(tokens),
         k=k,
+        merged_steps=merged,
     )
+
+
+def _no_drafting(server: SpecEstimate | None, counters: CounterAttribution | None, k: float | None) -> bool:
+    """The engine's own figures say nothing was drafted while the request ran: its per-request figure says no
+    draft token, or the counters moved by none while it had the engine to itself, or moved by none with no k known
+    (configured or learned: the engine was never seen to draft). An overlapped share of a speculating engine is
+    modelled and may be zero while others drafted."""
+    if server is not None and server.draft_tokens_known:
+        return not server.counts.draft_tokens and not server.counts.accepted
+    if counters is not None and not counters.reset and (k is None or not counters.overlapped):
+        c = counters.estimate.counts
+        return not c.drafts and not c.draft_tokens
+    return False
+
+
+def stream_interval_suspected(
+    tokens: Sequence[int], k: float | None, *, no_drafting: bool, speculation_unknown: bool
+) -> bool:
+    """Chunks that carry several engine steps each. ``tokens`` lists token-bearing chunks, the first the prefill
+    step's; the last may be short (a stream interval sends the last output at once).
+
+    - more tokens in one chunk than one step can bring (k + 1, k known);
+    - nothing drafted, yet most decode chunks bring more than one token: without speculation a step brings one
+      (a lagging HTTP task merges a few; most chunks would not be merged);
+    - nothing known of speculation (no k, no figure from the engine), and every decode chunk but the last brings
+      the same number of tokens, above one: speculation's accepted counts vary from step to step, a fixed
+      interval's do not. Three such chunks at least."""
+    if not tokens:
+        return False
+    if k is not None and max(tokens) > round(k) + 1:
+        return True
+    decode = [n for n in tokens[1:] if n > 0]
+    if no_drafting:
+        return sum(n > 1 for n in decode) * 2 > len(decode)
+    body = decode[:-1]
+    return speculation_unknown and len(body) >= 3 and body[0] > 1 and all(n == body[0] for n in body)
 
 
 def choose(

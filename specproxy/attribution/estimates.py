@@ -1,6 +1,9 @@
 """A request's speculative acceptance from each per-request source, and the value type every source yields.
 
-- **server**: vLLM's per-request ``metrics.speculative_decoding`` (exact), or llama.cpp's ``timings``.
+- **server**: the engine's own per-request figure (exact), in whichever shape it rides (vLLM's
+  ``metrics.speculative_decoding``, SGLang's ``meta_info`` / ``sglext.spec_tokens_details``, TensorRT-LLM's
+  ``choices[].speculative_decoding``, a gateway's ``usage.completion_tokens_details``, llama.cpp's ``timings``); the
+  estimate keeps the shape's name (:mod:`specproxy.core.openai_stream`).
 - **chunks**: one SSE chunk is one engine step carrying 1 + accepted tokens, so accepted = sum over the chunks after
   the first (the prefill token) of (tokens - 1), and decode steps = those chunks. Exact while chunks are steps and
   token counts are exact (measured on real vLLM: equal to the counter delta for every request that stopped by itself).
@@ -18,7 +21,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specproxy.attribution.counts import SpecCounts
+from specproxy.core.openai_stream import VLLM_METRICS
 from specproxy.core.record import Estimate
+
+LLAMACPP_TIMINGS = "llamacpp_timings"  # llama.cpp's timings.draft_n / draft_n_accepted, as spec.server_source
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +33,7 @@ class SpecEstimate:
     k: float | None = None
     exact: bool = True
     draft_tokens_known: bool = True  # chunks without a known k show drafts but not how many tokens each proposed
+    shape: str | None = None  # where a server figure rode (core.openai_stream's names); None for other sources
 
     @property
     def draft_tokens(self) -> float | None:
@@ -73,14 +80,19 @@ def per_position_from_steps(accepted_per_step: Iterable[int], k: int) -> tuple[f
 
 
 def from_server(spec: Mapping[str, Any]) -> SpecEstimate | None:
-    """vLLM ``metrics.speculative_decoding`` (0.29+), summary or detailed; SGLang's ``meta_info`` in the same keys
-    (:func:`specproxy.core.dialects.native.sglang_spec`), whose draft tokens may be unknown (older SGLang) and
-    whose accepted count may be ``derived`` from the token and step counts (then not exact)."""
+    """vLLM ``metrics.speculative_decoding`` (0.29+), summary or detailed, and every other engine's figure put in
+    the same keys with its ``shape`` (:func:`specproxy.core.openai_stream.server_spec`,
+    :func:`specproxy.core.dialects.native.sglang_spec`). Outside vLLM's own block the draft tokens may be unknown
+    (older SGLang) and the steps too (TensorRT-LLM, gateways: drafts then read 0, as llama.cpp's); SGLang's accepted
+    count may be ``derived`` from the token and step counts (then not exact)."""
+    shape = spec.get("shape")
+    own = shape in (None, VLLM_METRICS) and "engine" not in spec  # vLLM's block always has every count
     try:
         accepted = float(spec["num_accepted_draft_tokens"])
-        drafts = float(spec["num_spec_steps"])
+        raw_steps = spec["num_spec_steps"]
+        drafts = float(raw_steps) if raw_steps is not None or own else 0.0
         raw_draft_tokens = spec["num_draft_tokens"]
-        draft_tokens = float(raw_draft_tokens) if raw_draft_tokens is not None or "engine" not in spec else 0.0
+        draft_tokens = float(raw_draft_tokens) if raw_draft_tokens is not None or own else 0.0
     except (KeyError, TypeError, ValueError):
         return None
     k_raw = spec.get("num_spec_tokens")
@@ -91,7 +103,7 @@ def from_server(spec: Mapping[str, Any]) -> SpecEstimate | None:
         return None
     if raw_draft_tokens is not None and accepted > draft_tokens:
         return None
-    if k is not None and (k < 0 or draft_tokens > k * drafts or accepted > k * drafts):
+    if k is not None and raw_steps is not None and (k < 0 or draft_tokens > k * drafts or accepted > k * drafts):
         return None
     per_pos: tuple[float, ...] = ()
     steps = spec.get("per_step_accepted")
@@ -106,6 +118,7 @@ def from_server(spec: Mapping[str, Any]) -> SpecEstimate | None:
         float(k) if k else None,
         exact=not spec.get("derived"),
         draft_tokens_known=raw_draft_tokens is not None,
+        shape=shape if isinstance(shape, str) else VLLM_METRICS,
     )
 
 
@@ -114,7 +127,7 @@ def from_llama_timings(timings: Mapping[str, Any]) -> SpecEstimate | None:
     n, acc = timings.get("draft_n"), timings.get("draft_n_accepted")
     if not isinstance(n, int | float) or not isinstance(acc, int | float) or n <= 0:
         return None
-    return SpecEstimate(SpecCounts(float(acc), 0.0, float(n)))
+    return SpecEstimate(SpecCounts(float(acc), 0.0, float(n)), shape=LLAMACPP_TIMINGS)
 
 
 def from_chunks(tokens_per_chunk: Sequence[int], k: float | None) -> SpecEstimate | None:

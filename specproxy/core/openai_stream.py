@@ -3,7 +3,8 @@
 One :func:`interpret` call per SSE event: one small JSON parse, nothing rebuilt. The result says what the event is
 (data chunk, ``[DONE]``, an in-stream error, or data that is not JSON: kept and flagged, never a crash) and pulls out
 what a recorder needs: text deltas, finish reason, usage (with ``prompt_tokens_details.cached_tokens``, the prompt
-tokens served from the engine's prefix cache), token ids and vLLM's ``metrics.speculative_decoding``.
+tokens served from the engine's prefix cache), token ids, and the engine's own per-request speculative figures
+wherever they ride (:func:`server_spec`), as one dict in vLLM's keys that names its ``shape``.
 A negative usage count is read as missing and marked (``bad_usage``).
 """
 
@@ -34,7 +35,7 @@ class StreamChunk:
     bad_usage: bool = False  # the usage block held a negative count: read as missing
     n_token_ids: int | None = None  # ``token_ids`` lengths summed over choices, when the server sent them
     max_index: int = 0  # the highest choice index: above 0 means n > 1, several sequences per request
-    spec: dict[str, Any] | None = None  # vLLM ``metrics.speculative_decoding``
+    spec: dict[str, Any] | None = None  # per-request speculative figures in vLLM's keys, with their ``shape``
     llama_timings: dict[str, Any] | None = None  # llama.cpp ``timings`` (draft_n / draft_n_accepted)
     engine_timings: dict[str, float] | None = None  # the engine's own timings, normalised (core.dialects.engine)
     engine: str | None = None  # the engine this event's shape names, when it names one
@@ -127,6 +128,8 @@ def _plain_chunk(obj: dict[str, Any]) -> StreamChunk | None:
     if usage is not None:
         if type(usage) is not dict or not usage.keys() <= _PLAIN_USAGE:
             return None
+        if usage.get("completion_tokens_details") is not None:
+            return None  # may carry a gateway's accepted / rejected prediction tokens: the whole reading reads them
         prompt_tokens = usage.get("prompt_tokens")
         completion_tokens = usage.get("completion_tokens")
         for n in (prompt_tokens, completion_tokens):
@@ -210,17 +213,16 @@ def _whole_chunk(obj: Any) -> StreamChunk:
         details = usage.get("prompt_tokens_details")  # null unless the engine reports prefix-cache hits
         if isinstance(details, dict):
             cached_tokens, bad_cached = _usage_count(details.get("cached_tokens"))
-    spec = None
     vllm_times = None
     metrics = obj.get("metrics")
     if isinstance(metrics, dict):
-        if isinstance(metrics.get("speculative_decoding"), dict):
-            spec = metrics["speculative_decoding"]
         vllm_times = vllm_timings(metrics, completion_tokens) or None
+    spec = server_spec(obj)
     timings = obj.get("timings")
     model = obj.get("model")
     rid = obj.get("id")
-    engine = "vllm" if spec is not None or vllm_times or n_ids is not None or "kv_transfer_params" in obj else None
+    vllm_spec = spec is not None and spec.get("shape") == VLLM_METRICS
+    engine = "vllm" if vllm_spec or vllm_times or n_ids is not None or "kv_transfer_params" in obj else None
     if obj.get("system_fingerprint") == "fp_ollama":  # Ollama's OpenAI-compatible endpoint says so on every chunk
         engine = "ollama"
     if isinstance(timings, dict):
@@ -296,3 +298,63 @@ def llamacpp_timings(t: dict[str, Any]) -> dict[str, float]:
         if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
             out[name] = v * scale
     return out
+
+
+# The shapes the engines' own per-request speculative figures come in (a record's ``spec.server_source``).
+VLLM_METRICS = "vllm_metrics"  # vLLM >= 0.29 ``metrics.speculative_decoding`` (final usage chunk, or the body)
+TRTLLM_CHOICE = "trtllm_choice"  # TensorRT-LLM ``choices[].speculative_decoding``
+USAGE_PREDICTION = "usage_prediction_tokens"  # ``usage.completion_tokens_details`` accepted / rejected predictions
+
+
+def server_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-request speculative figures an OpenAI-shaped payload carries, in the keys of vLLM's block (what
+    :func:`specproxy.attribution.estimates.from_server` reads) plus ``shape``; None when it carries none.
+    SGLang's ``meta_info`` / ``sglext`` are read by :mod:`specproxy.core.dialects.native`."""
+    metrics = obj.get("metrics")
+    if isinstance(metrics, dict) and isinstance(block := metrics.get("speculative_decoding"), dict):
+        return {**block, "shape": VLLM_METRICS}
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        blocks = [c["speculative_decoding"] for c in choices if isinstance(c, dict) and "speculative_decoding" in c]
+        if len(blocks) == 1 and isinstance(blocks[0], dict):  # n > 1 is flagged and never uses a server figure
+            return trtllm_spec(blocks[0])
+    usage = obj.get("usage")
+    if isinstance(usage, dict) and isinstance(details := usage.get("completion_tokens_details"), dict):
+        return prediction_tokens_spec(details)
+    return None
+
+
+def trtllm_spec(block: dict[str, Any]) -> dict[str, Any] | None:
+    """TensorRT-LLM's per-request ``speculative_decoding`` (``total_accepted_draft_tokens``, ``total_draft_tokens``,
+    ``acceptance_rate``: tensorrt_llm/metrics/perf_utils.py ``request_perf_metrics_to_dict``). It counts no steps,
+    so drafts are unknown. The engine leaves the block out when it drafted nothing."""
+    accepted, drafted = block.get("total_accepted_draft_tokens"), block.get("total_draft_tokens")
+    if accepted is None and drafted is None:
+        return None
+    return {
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted,
+        "num_spec_steps": None,
+        "shape": TRTLLM_CHOICE,
+    }
+
+
+def prediction_tokens_spec(details: dict[str, Any]) -> dict[str, Any] | None:
+    """A gateway's per-request counts in OpenAI's ``completion_tokens_details``: accepted draft tokens as
+    ``accepted_prediction_tokens``, the rest of the drafted ones as ``rejected_prediction_tokens`` (the field
+    names are OpenAI's API reference; smg declares them in crates/protocols/src/common.rs). Steps are unknown.
+    Many servers send both as 0 whatever happened (OpenAI's own predicted outputs, most proxies): 0 and 0 say
+    nothing, so they are not read as a figure."""
+    accepted, rejected = details.get("accepted_prediction_tokens"), details.get("rejected_prediction_tokens")
+    if accepted is None and rejected is None:
+        return None
+    if not accepted and not rejected:
+        return None
+    acc, rej = _as_int(accepted), _as_int(rejected)
+    drafted = acc + rej if acc is not None and rej is not None else None
+    return {
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted,
+        "num_spec_steps": None,
+        "shape": USAGE_PREDICTION,
+    }

@@ -58,6 +58,9 @@ class SpecBlock(TypedDict):
     mean_acceptance_length: float | None
     per_position: list[float]
     tokens_per_step: dict[str, int]  # tokens per decode step (as a string) -> steps
+    # the shape the server's own figure (estimates.server) rode in, e.g. vllm_metrics; null without one, and in
+    # records written before specproxy read more than one
+    server_source: str | None
     estimates: Estimates
 
 
@@ -354,6 +357,7 @@ def _spec(v: Any) -> SpecBlock | None:
             for key, n in (hist.items() if isinstance(hist, Mapping) else ())
             if str(key).isdigit() and number(n) is not None
         },
+        server_source=_str(v.get("server_source")),
         estimates=Estimates(
             server=_estimate(est.get("server")),
             chunks=_estimate(est.get("chunks")),

@@ -9,6 +9,10 @@ OpenAI-style path too.
   steps) and, in newer versions, ``spec_num_correct_drafts`` / ``spec_num_proposed_drafts`` (older:
   ``spec_accept_token_num`` / ``spec_draft_token_num``, aliases ``spec_accepted_drafts`` / ``spec_proposed_drafts``)
   and a histogram of drafts accepted per step (``spec_correct_drafts_histogram``, older ``spec_accept_histogram``).
+- SGLang's OpenAI API: the same fields in ``meta_info`` (``return_meta_info``), or, for a request that sets
+  ``return_spec_tokens_details`` (SGLang >= 0.5.19), in ``sglext.spec_tokens_details`` on a chunk of its own with
+  ``choices: []`` (python/sglang/srt/entrypoints/openai/utils.py ``spec_tokens_details_from_meta_info``; a list
+  when n > 1, which is not read).
 - llama.cpp ``/completion`` (tools/server/server.cpp): one event per token ``{"content": ..., "tokens": [...],
   "stop": false}``, the last ``stop: true`` with ``tokens_predicted``, ``tokens_evaluated``, ``stop_type``
   (``eos``, ``word``, ``limit``) and ``timings``. No ``[DONE]``.
@@ -32,7 +36,11 @@ def _first(meta: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
     return next((meta[k] for k in keys if meta.get(k) is not None), None)
 
 
-def sglang_spec(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+SGLANG_META_INFO = "sglang_meta_info"  # the shapes a record's spec.server_source names
+SGLANG_SPEC_DETAILS = "sglang_spec_tokens_details"
+
+
+def sglang_spec(meta: Mapping[str, Any], shape: str = SGLANG_META_INFO) -> dict[str, Any] | None:
     """SGLang's per-request speculative fields as vLLM's ``speculative_decoding`` block (the keys
     :func:`specproxy.attribution.estimates.from_server` reads), or None without ``spec_verify_ct``.
 
@@ -55,6 +63,7 @@ def sglang_spec(meta: Mapping[str, Any]) -> dict[str, Any] | None:
         "num_accepted_draft_tokens": accepted,
         "num_draft_tokens": as_int(_first(meta, _PROPOSED)),
         "engine": "sglang",
+        "shape": shape,
     }
     if isinstance(hist, list) and all(as_int(h) is not None for h in hist):
         out["acceptance_histogram"] = hist
@@ -80,10 +89,14 @@ class NativeDialect(Dialect):
     def chunk(self, obj: dict[str, Any]) -> StreamChunk:
         if "choices" in obj:
             c = interpret_json(obj)
-            meta = obj.get("meta_info")
             ext = obj.get("sglext")
-            for m in (meta, ext):  # SGLang's OpenAI API, with return_meta_info or sglext spec details
-                if isinstance(m, dict) and (spec := sglang_spec(m)) is not None:
+            details = ext.get("spec_tokens_details") if isinstance(ext, dict) else None
+            for m, shape in (
+                (obj.get("meta_info"), SGLANG_META_INFO),  # return_meta_info
+                (details, SGLANG_SPEC_DETAILS),  # return_spec_tokens_details
+                (ext, SGLANG_META_INFO),  # the meta_info fields put straight on sglext
+            ):
+                if isinstance(m, dict) and (spec := sglang_spec(m, shape)) is not None:
                     return replace(c, spec=spec, engine="sglang")
             return c
         if isinstance(obj.get("meta_info"), dict) and "error" not in obj:
