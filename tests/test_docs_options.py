@@ -37,6 +37,8 @@ OTHER_FLAGS_BY_PROGRAM = {
         "--dtype",
         "--enable-per-request-metrics",
         "--enforce-eager",
+        "--gpu-memory-utilization",
+        "--max-model-len",
         "--otlp-traces-endpoint",
         "--per-request-spec-decode-metrics",
         "--speculative-disable-by-batch-size",
