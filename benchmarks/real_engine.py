@@ -45,12 +45,16 @@ from typing import Any
 
 import aiohttp
 
+from specproxy.bench.procs import named_stat, tree_cpu_s
+from specproxy.core.figures import acceptance_rate, mean_acceptance_length
 from specproxy.core.prom import SpecCounters, parse_snapshot, spec_counters
 from specproxy.core.record import read_records
+from specproxy.core.sse import SSEDecoder
+from specproxy.core.stats import percentile
 
 WORKLOADS = ("code_agent", "ja_chat")
 BUILTIN = Path(__file__).resolve().parent.parent / "workloads"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of /proc/PID/stat's CPU times
 
 
 class HarnessError(Exception):
@@ -61,32 +65,9 @@ class HarnessError(Exception):
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def tree_cpu_s(pid: int) -> float:
-    return sum(cpu_s(p) for p in descendants(pid))
+    """User + system CPU seconds of one process alone, not its children (0 when it is gone)."""
+    named = named_stat(pid)
+    return (int(named[1][11]) + int(named[1][12])) / CLK_TCK if named else 0.0
 
 
 def api_server_pid(url: str) -> int | None:
@@ -233,23 +214,13 @@ def delta(after: SpecCounters, before: SpecCounters) -> dict[str, float]:
 
 def rates(x: dict[str, float]) -> dict[str, float | None]:
     return {
-        "acceptance": x["accepted"] / x["draft_tokens"] if x["draft_tokens"] else None,
-        "mean_acceptance_length": 1 + x["accepted"] / x["drafts"] if x["drafts"] else None,
+        "acceptance": acceptance_rate(x["accepted"], x["draft_tokens"]),
+        "mean_acceptance_length": mean_acceptance_length(x["accepted"], x["drafts"]),
         **x,
     }
 
 
 # --- statistics -----------------------------------------------------------------------------------------------------
-
-
-def pct(xs: Sequence[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    i = (len(s) - 1) * q
-    lo = int(i)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (i - lo)
 
 
 def median_ci(xs: Sequence[float], *, seed: int = 0, rounds: int = 2000) -> tuple[float | None, float | None]:
@@ -263,7 +234,7 @@ def median_ci(xs: Sequence[float], *, seed: int = 0, rounds: int = 2000) -> tupl
 
 def summary(xs: Sequence[float]) -> dict[str, Any]:
     lo, hi = median_ci(xs)
-    return {"n": len(xs), "p50": pct(xs, 0.5), "p99": pct(xs, 0.99), "p50_ci95": [lo, hi]}
+    return {"n": len(xs), "p50": percentile(xs, 50), "p99": percentile(xs, 99), "p50_ci95": [lo, hi]}
 
 
 def request_key(r: dict[str, Any]) -> str:
@@ -739,23 +710,20 @@ async def by_hand(url: str, bodies: list[dict[str, Any]]) -> dict[str, Any]:
             first = last = None
             tokens = 0
             async with s.post(url + "/v1/chat/completions", json=body) as r:
-                buf = b""
+                sse = SSEDecoder()
                 async for data in r.content.iter_any():
                     now = time.perf_counter()
-                    buf += data
-                    while b"\n\n" in buf:
-                        event, buf = buf.split(b"\n\n", 1)
-                        for line in event.split(b"\n"):
-                            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                                continue
-                            count = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens") or 0
-                            if count > tokens:
-                                first = now if first is None else first
-                                last, tokens = now, count
+                    for event in sse.feed(data):
+                        if event.data in ("", "[DONE]"):
+                            continue
+                        count = (json.loads(event.data).get("usage") or {}).get("completion_tokens") or 0
+                        if count > tokens:  # this chunk brought tokens, text or not
+                            first = now if first is None else first
+                            last, tokens = now, count
             if first is not None and last is not None and last > first and tokens > 1:
                 tok_s.append((tokens - 1) / (last - first))
     d = delta(await settled_counters(url), before)
-    return {"acceptance": d["accepted"] / d["draft_tokens"] if d["draft_tokens"] else None, "tok_s": tok_s}
+    return {"acceptance": acceptance_rate(d["accepted"], d["draft_tokens"]), "tok_s": tok_s}
 
 
 PHASES = ("overhead", "acceptance", "matrix", "whatif", "shadow", "burst")
