@@ -3,6 +3,8 @@
 #   base :8000 (no speculation), ngram :8001 (k=3, lookup 2-4), draft :8002 (DRAFT_DIR as draft_model, k=3).
 # usage: serve_gpu.sh MODEL_DIR DRAFT_DIR LOG_DIR   (vLLM importable by python3; each server in a session of its own,
 # so it outlives this script; stop them with: kill $(cat LOG_DIR/*.pid)). ENGINES="base ngram" starts only those.
+# Each server starts once the one before has measured its memory: vLLM asserts that no other process frees GPU
+# memory while it profiles, and a neighbour that profiles at the same time does.
 set -uo pipefail
 M=${1:?model dir}; D=${2:?draft dir}; L=${3:?log dir}
 mkdir -p "$L"
@@ -16,7 +18,18 @@ start() {  # NAME PORT [ARGS...]
 }
 ENGINES=${ENGINES:-base ngram draft}
 port_of() { case $1 in base) echo 8000;; ngram) echo 8001;; draft) echo 8002;; esac; }
+deadline=$((SECONDS + ${WAIT_S:-420}))
+profiled() {  # NAME: its memory is measured (or it is gone, or time is up)
+  until grep -q "Available KV cache memory" "$L/$1.log" 2>/dev/null; do
+    kill -0 "$(cat "$L/$1.pid")" 2>/dev/null || return
+    [ $SECONDS -gt $deadline ] && return
+    sleep 1
+  done
+}
+prev=
 for n in $ENGINES; do
+  [ -n "$prev" ] && profiled "$prev"
+  prev=$n
   case $n in
     base) start base 8000;;
     ngram) start ngram 8001 --speculative-config \
@@ -24,7 +37,6 @@ for n in $ENGINES; do
     draft) start draft 8002 --speculative-config "{\"method\":\"draft_model\",\"model\":\"$D\",\"num_speculative_tokens\":3}";;
   esac
 done
-deadline=$((SECONDS + ${WAIT_S:-420}))
 for n in $ENGINES; do
   port=$(port_of "$n")
   until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
