@@ -296,12 +296,20 @@ class CounterLedger:
         r = self._req.pop(rid, None)
         if r is None:
             return None
-        if self.pending_for(rid):
-            r.incomplete = True  # some of its steps were never covered by a delta
+        r.incomplete = r.incomplete or self.pending_for(rid)  # some of its steps were never covered by a delta
+        return self._share(rid, r, r.incomplete)
+
+    def peek(self, rid: str) -> CounterAttribution | None:
+        """The figures :meth:`pop` would give now, the request kept: what a record written before its model is
+        stable says, to be corrected once it is."""
+        r = self._req.get(rid)
+        return None if r is None else self._share(rid, r, r.incomplete or self.pending_for(rid))
+
+    def _share(self, rid: str, r: _Request, incomplete: bool) -> CounterAttribution | None:
         if not r.intervals:
             return None
         version, coef, partial, weights = self._models()
-        if r.truncated and not r.incomplete:
+        if r.truncated and not incomplete:
             # (Incomplete: its last step's interval never settled, and no interval may take the tail for it.)
             # The unemitted drafts of a max_tokens cut are counted in the step that sent its last chunk, so only
             # the interval holding that step may give them to it. An earlier interval's unexplained remainder is not
@@ -316,7 +324,7 @@ class CounterLedger:
             mine,
             k=mine.draft_tokens / mine.drafts if mine.drafts else None,
             # with partial drafting, an overlapped request's drafts are modelled, not known
-            exact=not (r.shared or r.incomplete or r.reset or (partial and r.overlapped)),
+            exact=not (r.shared or incomplete or r.reset or (partial and r.overlapped)),
         )
         unsettled = (self._rests_on_model(r) and not self.settled(self.model)) or (
             self._rests_on_drafting(r) and not self.settled(self.drafting)

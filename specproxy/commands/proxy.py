@@ -306,7 +306,8 @@ def register(app: typer.Typer, addons: Sequence[type[Addon]] = REGISTRY) -> None
         attribution_hold: float = typer.Option(
             60.0,
             "--attribution-hold",
-            help="Longest wait of a record whose counter share rests on the per-workload model (seconds).",
+            help="Longest wait for the correction of a record whose counter share rests on a per-workload model "
+            "(seconds; the record itself is written at once).",
         ),
         connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to connect upstream."),
         idle_timeout: float = typer.Option(600.0, "--idle-timeout", help="Seconds without an upstream byte."),

@@ -16,14 +16,16 @@ from __future__ import annotations
 import codecs
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar
 
 import orjson
 
 from specproxy.core.salvage import GLUED, glued_tail
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
+T = TypeVar("T")
 
 OUTCOMES = ("ok", "upstream_error", "upstream_reset", "client_cancelled", "timeout", "proxy_error", "shutdown")
 SPEC_SOURCES = ("server", "chunks", "counters")
@@ -184,6 +186,9 @@ _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     6: _adding("shadow_of"),
     # 8: acceptance per span type and output position; version 7 did not split it
     7: _adding("spans"),
+    # 9: a record may be written before its best figure is known, and corrected by a later line (Correction);
+    # version 8 held such a record back instead: nothing to change
+    8: _adding(),
 }
 
 
@@ -207,8 +212,9 @@ class NotJSONError(RecordError):
     """A line that is not JSON at all (as opposed to JSON that is not a record, or a record too new to read)."""
 
 
-def parse_line(line: bytes) -> Record | None:
-    """One line of a record file; None for a blank line. Raises RecordError for anything else that is not a record."""
+def parse_line(line: bytes) -> Record | Correction | None:
+    """One line of a record file: a record, a correction of an earlier one, or None for a blank line. Raises
+    RecordError for anything else."""
     line = line.strip()
     if not line:
         return None
@@ -216,9 +222,93 @@ def parse_line(line: bytes) -> Record | None:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as e:
         raise NotJSONError(f"not JSON: {e}") from e
+    if isinstance(obj, dict) and CORRECTION_KEY in obj:
+        return correction_of(obj)
     if not isinstance(obj, dict) or "request_id" not in obj:
         raise RecordError("not a specproxy record (no request_id)")
     return as_record(upgrade(obj))
+
+
+# -- corrections ---------------------------------------------------------------------------------------------------
+# A record whose best figure is not known when its request ends (its counters' share rests on a per-workload model
+# still being fitted) is written at once with the figure known then and this flag; a later line, a correction, says
+# which of its fields changed once the figure was settled. The file stays append-only, a reader that stopped early
+# (or a proxy killed before the correction) still has the record, and the readers here apply the corrections.
+CORRECTION_PENDING = "correction_pending"
+CORRECTION_KEY = "correction_of"
+# How many records awaiting their correction a reader holds back, at most: the oldest goes out as written beyond
+# it (a proxy writes a record's correction within its --attribution-hold, so this is far more than a file needs).
+MAX_AWAITING = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """A line ``{"correction_of": request_id, "run_id": ..., "fields": {...}}``: the fields of that record which
+    changed, each whole, as the record has them (``flags`` always among them, without ``correction_pending``)."""
+
+    request_id: str
+    run_id: str | None
+    fields: dict[str, Any]
+
+
+def correction_of(obj: Mapping[str, Any]) -> Correction:
+    version = obj.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise RecordError(f"record schema_version {version} is newer than this specproxy reads ({SCHEMA_VERSION})")
+    rid, fields = obj.get(CORRECTION_KEY), obj.get("fields")
+    if not isinstance(rid, str) or not isinstance(fields, dict):
+        raise RecordError("a correction needs correction_of (a request id) and fields (an object)")
+    return Correction(rid, _str(obj.get("run_id")), fields)
+
+
+def correction_line(early: Record, final: Record) -> dict[str, Any]:
+    """The correction that turns ``early`` (written flagged ``correction_pending``) into ``final``."""
+    changed = {k: v for k, v in final.items() if k == "flags" or early.get(k) != v}
+    changed["flags"] = [f for f in final["flags"] if f != CORRECTION_PENDING]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        CORRECTION_KEY: final["request_id"],
+        "run_id": final["run_id"],
+        "fields": changed,
+    }
+
+
+def corrected(rec: Record, c: Correction) -> Record:
+    """``rec`` with ``c`` applied, typed again."""
+    return as_record({**rec, **c.fields, "request_id": rec["request_id"], "run_id": rec["run_id"]})
+
+
+class Reconciler(Generic[T]):
+    """Applies corrections to the records they follow, in one pass over a run's lines: a record flagged
+    ``correction_pending`` is held back until its correction (or the end, or :data:`MAX_AWAITING` later records of
+    its kind), every other one goes on at once. Pure: the caller feeds what it read and takes what comes out.
+    ``record`` and ``replace`` reach the record inside the caller's item (a record, or the analysis's lean item)."""
+
+    def __init__(self, record: Callable[[T], Record], replace: Callable[[T, Record], T]) -> None:
+        self._record, self._replace = record, replace
+        self._awaiting: dict[tuple[str | None, str], T] = {}
+        self.orphans = 0  # corrections whose record was not held (never flagged, or already let go)
+
+    def feed(self, entry: T | Correction) -> Iterator[T]:
+        if isinstance(entry, Correction):
+            held = self._awaiting.pop((entry.run_id, entry.request_id), None)
+            if held is None:
+                self.orphans += 1
+            else:
+                yield self._replace(held, corrected(self._record(held), entry))
+            return
+        rec = self._record(entry)
+        if CORRECTION_PENDING not in rec["flags"]:
+            yield entry
+            return
+        self._awaiting[(rec["run_id"], rec["request_id"])] = entry
+        if len(self._awaiting) > MAX_AWAITING:
+            yield self._awaiting.pop(next(iter(self._awaiting)))
+
+    def rest(self) -> Iterator[T]:
+        """The records whose correction never came (the writer stopped first), as written."""
+        awaiting, self._awaiting = self._awaiting, {}
+        yield from awaiting.values()
 
 
 def record_files(path: Path) -> list[Path]:
@@ -240,11 +330,14 @@ def read_records(path: str | Path) -> Iterator[Record]:
     line without its newline that is not JSON, or, once a restarted writer has ended it and appended more, a line that
     is a JSON object cut short. Such a line is skipped with a warning on the ``specproxy.records`` logger (one line,
     naming the file), so one interrupted write never makes a file unreadable. Any other malformed line is an error.
+    Corrections are applied to the records they follow (:class:`Reconciler`), so a corrected record comes out once,
+    with its best figure, where its correction was read.
     """
     p = Path(path)
     files = record_files(p)
     if not files:
         raise RecordError(f"{p}: no such record file or directory")
+    merge: Reconciler[Record] = Reconciler(lambda r: r, lambda _, r: r)
     for f in files:
         try:
             fh = f.open("rb")
@@ -269,7 +362,8 @@ def read_records(path: str | Path) -> Iterator[Record]:
                 except RecordError as e:
                     raise RecordError(f"{f}:{lineno}: {e}") from e
                 if rec is not None:
-                    yield rec
+                    yield from merge.feed(rec)
+    yield from merge.rest()
 
 
 def cut_short(line: bytes) -> bool:

@@ -26,7 +26,8 @@ FIELDS: tuple[Field, ...] = (
         ("schema_version",),
         "int",
         (
-            "8 (version 7 had no `spans`, version 6 no `shadow_of`, version 5 no `trace_parent` nor "
+            "9 (version 8 wrote no correction lines, version 7 had no `spans`, version 6 no `shadow_of`, "
+            "version 5 no `trace_parent` nor "
             "`buffer_sized_reads`, version 4 no "
             "`chunk_token_source`, "
             "version 3 no `engine` / `engine_timings`, version 2 no `conversation` and `turn`, version 1 no "

@@ -28,7 +28,7 @@ from specproxy.core.errors import one_line
 from specproxy.core.figures import step_gaps, token_gaps
 from specproxy.core.inference import is_inference, kind_of
 from specproxy.core.prom import NO_SPEC_COUNTERS
-from specproxy.core.record import SCHEMA_VERSION, Overhead, Record
+from specproxy.core.record import CORRECTION_PENDING, SCHEMA_VERSION, Overhead, Record, correction_line
 from specproxy.core.redact import TOO_DEEP, TOO_MANY, capture_body, redact_values, too_large
 from specproxy.core.timeline import TimelineResult
 from specproxy.core.tokens import EXACT_SOURCES, SERVER_TOKENIZER, Tokenizer, load_model_tokenizer
@@ -44,6 +44,9 @@ log = logging.getLogger("specproxy.recorder")
 
 ZERO_ACCEPTANCE_MIN_DRAFT_TOKENS = 100
 CLOSE_SCRAPE_WAIT_S = 1.0  # at shutdown, how long pending records wait for their closing scrape
+# Records awaiting their correction at once, at most (each holds its request's timeline): beyond it a record is
+# written once, with the figure known when its request ended, flagged counters_unsettled as such a record always is.
+MAX_HELD = 4096
 
 
 class Recorder:
@@ -97,7 +100,7 @@ class Recorder:
         self._drafting_calibrated = asyncio.Event()  # the drafting model is stable (ledger.drafting)
         self._finalizers: set[asyncio.Task[None]] = set()
         self.in_flight = 0
-        self.held = 0  # records waiting for a per-workload model to be stable (--attribution-hold)
+        self.held = 0  # records written whose correction waits for a per-workload model (--attribution-hold)
         self.workload_spec: dict[str, SpecCounts] = {}
         self.workload_spans: dict[str, SpanPool] = {}  # running sums per span type and output position
         self.workload_requests: dict[str, dict[str, int]] = {}
@@ -167,6 +170,8 @@ class Recorder:
 
     async def _finalize(self, trace: Trace, outcome: str, error: str | None, end_ns: int) -> None:
         rid = trace.meta.request_id
+        early: Record | None = None  # written before its figure was settled: a correction follows
+        tokenize_failed = False
         try:
             own = trace.timeline is not None and trace.timeline.server_spec is not None
             self.scraper.request_figures(own)
@@ -182,36 +187,44 @@ class Recorder:
                         break
                     if not fut.result() and (self.scraper.closed or self.scraper.state.failing >= give_up):
                         break  # /metrics is down; a single failure (a timeout on a busy host): wait for the next
-            # a share that rests on a per-workload model waits (at most the hold) for that model to be stable
+            tl = trace.timeline.result(end_ns) if trace.timeline is not None else None
+            if tl is not None and self.server_tokenizer is not None and not tl.completion_from_usage:
+                tl, tokenize_failed = await self.server_tokenizer.recount(tl, trace.meta.model)
+            # a share that rests on a per-workload model is written now, with the figure known now, and corrected
+            # once that model is stable (at most the hold later)
             waits = [
-                event.wait()
+                event
                 for needed, event in (
                     (self.ledger.needs_model(rid), self._calibrated),
                     (self.ledger.needs_draft_model(rid), self._drafting_calibrated),
                 )
                 if needed and not event.is_set()
             ]
-            if waits:
+            if waits and self.held < MAX_HELD:
+                early = self._record(trace, outcome, error, end_ns, self.ledger.peek(rid), tl, tokenize_failed)
+                early["flags"].append(CORRECTION_PENDING)
+                self.sink.put(early)
                 self.held += 1
                 try:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.gather(*waits), self.config.calibration_hold_s)
+                        await asyncio.wait_for(
+                            asyncio.gather(*(event.wait() for event in waits)), self.config.calibration_hold_s
+                        )
                 finally:
                     self.held -= 1
-            counters = self.ledger.pop(rid)
-            tl = trace.timeline.result(end_ns) if trace.timeline is not None else None
-            tokenize_failed = False
-            if tl is not None and self.server_tokenizer is not None and not tl.completion_from_usage:
-                tl, tokenize_failed = await self.server_tokenizer.recount(tl, trace.meta.model)
-            rec = self.build_record(trace, outcome, error, end_ns, counters, tl)
-            if tokenize_failed:
-                rec["flags"].append("server_tokenize_failed")
+            rec = self._record(trace, outcome, error, end_ns, self.ledger.pop(rid), tl, tokenize_failed)
         except Exception as e:  # bookkeeping must never lose the record: write what is known
             log.exception("building the record of %s failed", rid)
             with contextlib.suppress(Exception):  # the ledger may be what failed: forget the request all the same
                 self.ledger.pop(rid)
             rec = self._minimal_record(trace, "proxy_error" if outcome == "ok" else outcome, f"{error or ''} {e}")
-        self.sink.put(rec)
+            if early is not None:  # what was written stands, no longer awaiting a correction
+                rec = Record(**early)
+                rec["flags"] = [f for f in early["flags"] if f != CORRECTION_PENDING]
+        if early is None:
+            self.sink.put(rec)
+        else:
+            self.sink.put_correction(correction_line(early, rec))
         try:
             if self.on_text is not None and trace.timeline is not None:
                 text = trace.timeline.reply_text()  # None unless kept whole
@@ -221,6 +234,21 @@ class Recorder:
                 observe(rec)
         except Exception:
             log.exception("updating metrics for %s failed", rid)
+
+    def _record(
+        self,
+        trace: Trace,
+        outcome: str,
+        error: str | None,
+        end_ns: int,
+        counters: CounterAttribution | None,
+        tl: TimelineResult | None,
+        tokenize_failed: bool,
+    ) -> Record:
+        rec = self.build_record(trace, outcome, error, end_ns, counters, tl)
+        if tokenize_failed:
+            rec["flags"].append("server_tokenize_failed")
+        return rec
 
     def build_record(
         self,
@@ -456,7 +484,10 @@ class Recorder:
                 "dropped": self.sink.dropped,  # lost: never written, and never will be
                 "queued": self.sink.queued,
                 "queued_bytes": self.sink.queued_bytes,
-                "held": self.held,  # ended, waiting for their workload's model to be stable (at most the hold)
+                # written, their correction waiting for their workload's model to be stable (at most the hold)
+                "held": self.held,
+                "corrections": self.sink.corrections,
+                "corrections_dropped": self.sink.corrections_dropped,
                 "sink_errors": self.sink.errors,
                 "files_deleted": self.sink.files_deleted,
             },

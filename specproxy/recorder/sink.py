@@ -31,13 +31,23 @@ import logging
 import os
 import stat
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
-from specproxy.core.record import Record, dumps
+import orjson
+
+from specproxy.core.record import Record
 
 Ack = Callable[[bool], None]
+
+
+def _correction(written: bool) -> None:
+    """What a correction line queues in place of a record's acknowledgement: its fate is counted apart from the
+    records' (``corrections``, ``corrections_dropped``), and no relay is told."""
+
+
 log = logging.getLogger("specproxy.sink")
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
@@ -81,6 +91,8 @@ class RecordSink:
         self._closed = False
         self.written = 0
         self.dropped = 0
+        self.corrections = 0  # correction lines written (not records)
+        self.corrections_dropped = 0  # lost: their records stay as first written, flagged correction_pending
         self.errors = 0
         self.files_deleted = 0
         self.healthy = True
@@ -119,13 +131,20 @@ class RecordSink:
 
     def put(self, rec: Record) -> None:
         """Never blocks, never raises: called on the relay's side of the proxy."""
-        ack = self.follow(rec) if self.follow is not None else None
+        self._put(rec, self.follow(rec) if self.follow is not None else None)
+
+    def put_correction(self, line: dict[str, Any]) -> None:
+        """A correction of a record put before (:func:`specproxy.core.record.correction_line`), written after it in
+        the same order; counted apart (``corrections``), never as a record. Never blocks, never raises."""
+        self._put(line, _correction)
+
+    def _put(self, rec: Mapping[str, Any], ack: Ack | None) -> None:
         if self._closed:  # nothing will write it any more: a record finished after the end still counts, as lost
             log.error("a record finished after the record sink closed and is lost")
             self._drop(1, ack)
             return
         try:
-            line = dumps(rec)
+            line = orjson.dumps(rec) + b"\n"
         except Exception:  # a record that cannot be serialised is a bug; it must not break the request
             log.exception("cannot serialise a record")
             self._drop(1, ack)
@@ -150,6 +169,9 @@ class RecordSink:
 
     def _drop(self, n: int, ack: Ack | None = None) -> None:
         """``n`` records are lost: one being put (its ``ack``), or the queue's remainder at the close."""
+        if ack is _correction:
+            self.corrections_dropped += 1
+            return
         self.dropped += n
         if self._on_dropped is not None:
             self._on_dropped(n)
@@ -217,16 +239,19 @@ class RecordSink:
 
     def _count(self, n: int) -> None:
         """The ``n`` records at the queue's head are written: off the queue, counted, acknowledged."""
+        acks, records = self._acks, 0
         for _ in range(n):
             self._queue.popleft()
-        self.written += n
-        if self._on_written is not None:
-            self._on_written(n)
-        acks = self._acks
-        for _ in range(n):
             ack = acks.popleft()
+            if ack is _correction:
+                self.corrections += 1
+                continue
+            records += 1
             if ack is not None:
                 ack(True)
+        self.written += records
+        if self._on_written is not None and records:
+            self._on_written(records)
 
     def _failed(self, reason: str) -> None:
         self.errors += 1
@@ -354,13 +379,18 @@ class RecordSink:
         if self._task is not None:
             await self._task
         if self._queue:
-            n = len(self._queue)
             self._queue.clear()
             self._pending_bytes = 0
-            self._drop(n)
+            n = 0
             while self._acks:
                 ack = self._acks.popleft()
+                if ack is _correction:
+                    self._drop(1, ack)
+                    continue
+                n += 1
                 if ack is not None:
                     ack(False)
-            log.error("%d records could not be written to %s and are lost", n, self.path)
+            if n:
+                self._drop(n)
+                log.error("%d records could not be written to %s and are lost", n, self.path)
         self._closed = True

@@ -16,7 +16,7 @@ from pathlib import Path
 from specproxy.analysis.inputs.scan import Item, decode_line
 from specproxy.analysis.inputs.sources import SourceError, file_lines, run_files, run_name
 from specproxy.core.inference import is_inference
-from specproxy.core.record import NotJSONError, Record, RecordError, cut_short, log
+from specproxy.core.record import NotJSONError, Reconciler, Record, RecordError, cut_short, log
 from specproxy.core.salvage import GLUED, glued_tail
 
 __all__ = ["InputError", "read_records_of", "read_run", "read_runs", "run_name", "worth_a_second_process"]
@@ -27,6 +27,7 @@ class InputError(ValueError):
 
 
 def _items(path: Path) -> Iterator[Item]:
+    merge: Reconciler[Item] = Reconciler(lambda item: item.rec, lambda item, rec: item.corrected(rec))
     for f in run_files(path):
         for lineno, line, complete in file_lines(f):
             try:
@@ -45,7 +46,8 @@ def _items(path: Path) -> Iterator[Item]:
             except RecordError as e:
                 raise RecordError(f"{f.path}:{lineno}: {e}") from e
             if item is not None:
-                yield item
+                yield from merge.feed(item)
+    yield from merge.rest()
 
 
 def read_run(path: str | Path) -> Iterator[Item]:

@@ -26,7 +26,7 @@ import orjson
 
 from specproxy.analysis.figures.records import request_rates
 from specproxy.analysis.figures.sketch import FloatArray, Quantiles
-from specproxy.core.record import Record, RecordError, as_record, parse_line, upgrade
+from specproxy.core.record import Correction, Record, RecordError, as_record, parse_line, upgrade
 
 _KEY = b'"chunks":['
 _NUMERIC = b"0123456789.,eE+-[]"
@@ -43,6 +43,10 @@ class Item:
     tok_s: float | None
     tpot_s: float | None
 
+    def corrected(self, rec: Record) -> Item:
+        """This item with its record corrected (:class:`specproxy.core.record.Reconciler`); the chunks stay."""
+        return Item(Record(**{**rec, "chunks": []}), self.seg, self.tok_s, self.tpot_s)
+
     def full(self) -> Record:
         """The whole record, its chunk timeline typed as :func:`specproxy.core.record.as_record` types it."""
         rec = Record(**self.rec)
@@ -54,9 +58,9 @@ def typed_chunks(seg: bytes) -> list[tuple[float, int]]:
     return as_record({"request_id": "-", "chunks": orjson.loads(seg)})["chunks"]
 
 
-def _fallback(line: bytes) -> Item | None:
+def _fallback(line: bytes) -> Item | Correction | None:
     rec = parse_line(line)
-    return None if rec is None else item_of(rec)
+    return rec if rec is None or isinstance(rec, Correction) else item_of(rec)
 
 
 def item_of(rec: Record) -> Item:
@@ -76,8 +80,8 @@ def _with_rates(rec: Record, seg: bytes, chunks: Sequence[tuple[float, int]] | N
     return Item(rec, seg, tok_s, tpot_s)
 
 
-def decode_line(line: bytes) -> Item | None:
-    """One line; None when blank. Raises as :func:`parse_line` does."""
+def decode_line(line: bytes) -> Item | Correction | None:
+    """One line (a record, or a correction of an earlier one); None when blank. Raises as :func:`parse_line` does."""
     start = line.find(_KEY)
     if start < 0:
         return _fallback(line)
