@@ -287,14 +287,12 @@ class Reconciler(Generic[T]):
     def __init__(self, record: Callable[[T], Record], replace: Callable[[T, Record], T]) -> None:
         self._record, self._replace = record, replace
         self._awaiting: dict[tuple[str | None, str], T] = {}
-        self.orphans = 0  # corrections whose record was not held (never flagged, or already let go)
 
     def feed(self, entry: T | Correction) -> Iterator[T]:
         if isinstance(entry, Correction):
+            # one whose record is not held (let go past the bound, or in another file given) has nothing to correct
             held = self._awaiting.pop((entry.run_id, entry.request_id), None)
-            if held is None:
-                self.orphans += 1
-            else:
+            if held is not None:
                 yield self._replace(held, corrected(self._record(held), entry))
             return
         rec = self._record(entry)
