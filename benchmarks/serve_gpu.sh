@@ -8,7 +8,7 @@
 set -uo pipefail
 M=${1:?model dir}; D=${2:?draft dir}; L=${3:?log dir}
 mkdir -p "$L"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 start() {  # NAME PORT [ARGS...]
   local name=$1 port=$2; shift 2
   setsid python3 -m vllm.entrypoints.openai.api_server --model "$M" --served-model-name smollm2 \

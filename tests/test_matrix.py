@@ -285,3 +285,32 @@ def test_ctrl_c_stops_the_server_being_measured(tmp_path: Path) -> None:
     assert "interrupted" in out and "Base: failed: interrupted" in out
     pid = int((tmp_path / "m-results" / "pid").read_text())
     assert group_members(pid) == [] and not _alive(pid)
+
+
+async def test_one_at_a_time_each_requests_counters_are_its_own(tmp_path: Path) -> None:
+    """At concurrency 1 a request that lasts about one scrape interval (GPU speeds) would share nearly every
+    interval with the one before or after it, and with ngram (drafts on some steps only) its hidden drafts would be
+    modelled. The matrix waits for each request's closing scrape before the next: every record's counters are exact
+    and equal the engine's own count for that request."""
+    async with (
+        running_sim(spec_method="ngram", speed=15.0, seed=3) as sim,
+        aiohttp.ClientSession() as s,
+    ):
+        path = tmp_path / "m.json"
+        doc = {
+            "workloads": ["code_agent", "ja_chat"], "requests": 4, "repeats": 1, "warmup": 1, "max_tokens": 96,
+            "configurations": [{"label": "ngram", "url": sim.url, "health": sim.url + "/v1/models"}],
+        }  # fmt: skip
+        path.write_text(orjson.dumps(doc).decode())
+        out = await run_matrix(load_matrix(path), path, handle_signals=False)
+        assert out.exit_code == 0
+        recs = list(read_records(tmp_path / "m-results" / "ngram.jsonl"))
+        assert len(recs) == 8
+        for rec in recs:
+            counters = rec["spec"]["estimates"]["counters"]
+            assert counters is not None and counters["exact"], rec["flags"]
+            async with s.get(f"{sim.url}/sim/requests/{rec['upstream_id']}") as resp:
+                truth = await resp.json()
+            assert counters["accepted"] == truth["counted_accepted"]
+            assert counters["draft_tokens"] == truth["draft_tokens"]
+            assert "counters_unsettled" not in rec["flags"]

@@ -52,6 +52,8 @@ class Client:
         self.warmup_sent = 0
         self.warmup_failed = 0
         self.conversations_cut = 0
+        # one request at a time: wait for each request's closing scrape before the next (Recorder.settle)
+        self.settle = False
 
     def _request_headers(self, workload: str) -> dict[str, str]:
         # The workload header lets a specproxy proxy in between file the request under the same workload.
@@ -124,6 +126,8 @@ class Client:
             tokens = sum(n for _, n in tl.chunks if n > 0) if tl is not None else 0
             ttft = ttft_s(tl.start_ns, tl.first_token_ns) if tl is not None else None
             self._progress.finished(entry.workload, outcome == "ok", tokens, ttft)
+        if self.settle:
+            await self._recorder.settle(trace)
         if outcome != "ok" or conversation is None or trace.timeline is None:
             return None
         return trace.timeline.reply_text()
@@ -134,6 +138,10 @@ class Client:
         return await exchange(
             self._session, self._target + path, orjson.dumps(body), self._request_headers(workload), trace
         )
+
+    async def boundary(self) -> None:
+        """Between what was sent and what comes next, a scrape (Recorder.boundary)."""
+        await self._recorder.boundary()
 
     async def warm(self, entry: PlannedRequest) -> None:
         """Send one request, read it to the end, record nothing."""

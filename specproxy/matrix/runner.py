@@ -196,6 +196,10 @@ class MatrixRunner:
                     client, iter(with_model(plan.warmup, model)), plan.concurrency, repeat=None, warmup=True
                 )
                 tracker.add_done(len(plan.warmup))
+            # one at a time, each request's counters are exact only if no scrape interval holds another's steps
+            client.settle = plan.concurrency == 1
+            if client.settle and plan.warmup:
+                await client.boundary()
             for repeat in range(plan.repeats):
                 for name, reqs in plan.per_workload:
                     check_alive()

@@ -175,18 +175,8 @@ class Recorder:
         try:
             own = trace.timeline is not None and trace.timeline.server_spec is not None
             self.scraper.request_figures(own)
-            if self.scraper.enabled and trace.token_chunks > 1:
-                # wait for the scrapes that cover every chunk of this request (a delta whose chunks were still
-                # on their way is settled by the next scrape)
-                deadline, give_up = time.monotonic() + self.config.finalize_wait_s, self.config.scrape_failures_wait
-                while (left := deadline - time.monotonic()) > 0:
-                    fut = self.scraper.request()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(fut), left)
-                    if not fut.done() or not self.ledger.pending_for(rid):
-                        break
-                    if not fut.result() and (self.scraper.closed or self.scraper.state.failing >= give_up):
-                        break  # /metrics is down; a single failure (a timeout on a busy host): wait for the next
+            if trace.token_chunks > 1:
+                await self._closing_scrape(rid)
             tl = trace.timeline.result(end_ns) if trace.timeline is not None else None
             if tl is not None and self.server_tokenizer is not None and not tl.completion_from_usage:
                 tl, tokenize_failed = await self.server_tokenizer.recount(tl, trace.meta.model)
@@ -234,6 +224,36 @@ class Recorder:
                 observe(rec)
         except Exception:
             log.exception("updating metrics for %s failed", rid)
+
+    async def _closing_scrape(self, rid: str) -> None:
+        """Wait for the scrapes that cover every chunk of ``rid`` (a delta whose chunks were still on their way is
+        settled by the next scrape), at most ``finalize_wait_s``."""
+        if not self.scraper.enabled:
+            return
+        deadline, give_up = time.monotonic() + self.config.finalize_wait_s, self.config.scrape_failures_wait
+        while (left := deadline - time.monotonic()) > 0:
+            fut = self.scraper.request()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fut), left)
+            if not fut.done() or not self.ledger.pending_for(rid):
+                break
+            if not fut.result() and (self.scraper.closed or self.scraper.state.failing >= give_up):
+                break  # /metrics is down; a single failure (a timeout on a busy host): wait for the next
+
+    async def settle(self, trace: Trace) -> None:
+        """Until the counters have covered every step of this finished request: a load generator sending one
+        request at a time waits here before the next, so that no scrape interval holds two requests' steps and each
+        request's counters' share is exact (at GPU speeds a request lasts about one scrape interval, so otherwise
+        nearly every interval would be shared, and with ngram its hidden drafts modelled)."""
+        if not trace.passthrough and trace.token_chunks > 1:
+            await self._closing_scrape(trace.meta.request_id)
+
+    async def boundary(self) -> None:
+        """A scrape that starts now, at most ``finalize_wait_s`` waited for: what came before (unrecorded warm-up
+        requests) falls in the intervals before it, what comes after in those after."""
+        if self.scraper.enabled:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.scraper.request()), self.config.finalize_wait_s)
 
     def _record(
         self,
