@@ -3,6 +3,7 @@ structure fed far more entries than its cap keeps no more than the cap allows.""
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
 
 import orjson
@@ -11,7 +12,10 @@ from specproxy.attribution.fit import DraftModel
 from specproxy.attribution.intervals import Evidence
 from specproxy.core.window import Window
 from specproxy.core.workload_rules import MAX_WORKLOADS
+from specproxy.recorder.config import OtlpConfig
 from specproxy.recorder.live_advice import MAX_POINT_BYTES, MAX_POINTS, MAX_RECORD_BYTES, MAX_RECORDS, LiveAdvice
+from specproxy.recorder.otlp import MAX_QUEUE_BYTES, SpanExporter
+from specproxy.shadow.pairs import MAX_TEXT_CHARS, PairBook
 from tests.analysisutil import profile_records
 
 
@@ -88,3 +92,41 @@ def test_the_live_advice_keeps_records_and_points_within_count_and_bytes_whateve
     assert len({r["workload"] for r in records}) == MAX_WORKLOADS  # every workload keeps some
     assert len(points) <= MAX_POINTS and sum(len(orjson.dumps(p.rec)) for p in points) <= MAX_POINT_BYTES
     assert len(points) < MAX_POINTS  # the bytes bound first: these points are large
+
+
+def test_the_span_queue_keeps_at_most_max_queue_bytes_of_spans_with_long_client_strings() -> None:
+    """A receiver that is down: spans of records whose model (a client's) is long fill MAX_QUEUE_BYTES before
+    max_queue spans, and the oldest go, counted as dropped."""
+    exporter = SpanExporter(OtlpConfig(traces_url="http://127.0.0.1:9/v1/traces"))
+    base = profile_records([0.9], 1, requests=1)[0]
+
+    async def fill() -> None:
+        for i in range(2000):
+            exporter.observe({**base, "request_id": f"r{i}", "model": "m" * 20_000})  # type: ignore[typeddict-item]
+        task = exporter._task
+        assert task is not None
+        task.cancel()  # never ran: the loop was not given back
+
+    asyncio.run(fill())
+    queued = list(exporter._queue)
+    assert sum(len(b) for b in queued) <= MAX_QUEUE_BYTES < 2000 * 20_000
+    assert 0 < len(queued) < 2000 and exporter.dropped == 2000 - len(queued)
+
+
+def test_the_shadow_pair_book_keeps_halves_without_their_chunks_and_texts_within_max_text_chars() -> None:
+    """Live requests whose shadows never come back (a candidate that died): each waiting half keeps only what a pair
+    reads, not its record's chunks and body, and the greedy texts waiting are capped in all."""
+    base = profile_records([0.9], 1, requests=1)[0]
+    big = {**base, "request": {"messages": [{"role": "user", "content": "x" * 50_000}]}, "response_text": "y" * 50_000}
+
+    def build() -> PairBook:
+        book = PairBook(pending_max=2000)
+        for i in range(2000):
+            book.expect(f"r{i}", 1, greedy=True)
+            book.text(f"r{i}", "t" * 50_000)
+            book.live({**big, "request_id": f"r{i}"})
+        return book
+
+    book = build()
+    assert book.pending == 2000 and sum(len(t) for t in book._texts.values()) <= MAX_TEXT_CHARS
+    assert _traced(build) < MAX_TEXT_CHARS * 1.1 + 2000 * 2_000  # the texts kept, and a few hundred bytes a half
