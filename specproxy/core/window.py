@@ -38,7 +38,6 @@ class Window(Generic[T]):
         self._by_key: dict[Hashable, collections.deque[tuple[float, T, int]]] = {}
         self.entries_kept = 0
         self.bytes_kept = 0
-        self.let_go = 0  # entries let go for a count or a size (not for their age)
 
     def add(self, key: Hashable, item: T, size: int) -> None:
         q = self._by_key.get(key)
@@ -49,11 +48,9 @@ class Window(Generic[T]):
         self.bytes_kept += size
         if len(q) > self.max_per_key:
             self._pop(key, q)
-            self.let_go += 1
         while self.entries_kept > 1 and (self.entries_kept > self.max_entries or self.bytes_kept > self.max_bytes):
             fullest = max(self._by_key, key=lambda k: len(self._by_key[k]))
             self._pop(fullest, self._by_key[fullest])
-            self.let_go += 1
 
     def _pop(self, key: Hashable, q: collections.deque[tuple[float, T, int]]) -> None:
         _, _, size = q.popleft()
