@@ -181,8 +181,8 @@ class DraftModel:
     # for as many more intervals as that is times over: its cost per interval stays that of a fit at concurrency 64,
     # and the weights are at most that many intervals old (keeping fewer intervals instead would cost accuracy).
     FIT_MEMBERS = 64 * MAX_ROWS
-    # Members kept across the intervals, at most: the oldest intervals go first past it, so that memory (about 130
-    # bytes a member) stays bounded however many requests an interval holds; full intervals up to concurrency 256.
+    # Members kept across the intervals, at most: the oldest intervals go first past it, so that memory stays bounded
+    # however many requests an interval holds; every interval is kept up to concurrency 256.
     MAX_MEMBERS = 4 * FIT_MEMBERS
     PASSES = 4
 

@@ -30,9 +30,9 @@ from specproxy.recorder.live_bands import Band, Point, Schedule, band_json, comp
 WINDOW_S = 600.0
 MAX_PER_WORKLOAD = 2000  # the latest records a workload keeps in the window
 MAX_RECORDS = 8000  # the latest records all workloads keep together (up to 100 workloads would keep 200,000)
-MAX_RECORD_BYTES = 16 * 2**20  # their JSON: a record's path, model, error are clients' and engines' (~1.2x in memory)
+MAX_RECORD_BYTES = 16 * 2**20  # of their JSON: a record's path, model and error are clients' and engines', any length
 MAX_POINTS = 8000  # the latest requests the bands keep (all workloads, any outcome)
-MAX_POINT_BYTES = 4 * 2**20  # their JSON: about 300 bytes a point, more with a long path (~2x in memory)
+MAX_POINT_BYTES = 4 * 2**20  # of their JSON: a point's path is a client's, any length
 
 
 class LiveAdvice:
