@@ -18,6 +18,15 @@ def test_off_unless_the_variable_names_a_directory(monkeypatch: pytest.MonkeyPat
     assert memtrace.from_env("sp-relay-0") is None
 
 
+def test_only_the_processes_named_are_traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(memtrace.ENV, str(tmp_path / "traces"))
+    monkeypatch.setenv(memtrace.ENV + "_PROCESSES", "sp-bookkeeper, main")
+    assert memtrace.from_env("sp-relay-0") is None
+    trace = memtrace.from_env("main")
+    tracemalloc.stop()
+    assert trace is not None
+
+
 def test_the_report_names_what_grew_since_warm_up(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(memtrace.ENV, str(tmp_path / "traces"))
     assert not tracemalloc.is_tracing()

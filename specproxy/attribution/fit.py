@@ -161,7 +161,8 @@ class DraftModel:
     inexact shows no multi-token steps, nor does any request of a workload whose drafts are all rejected (a draft
     model that never agrees with the target on that traffic, a broken quantisation): their steps draft at their
     workload's rate ``rho_w``. ``hidden_drafts`` is an interval's drafts less the steps known to have drafted; each
-    interval is one observation, weighted by 1 / its decode steps. The last :data:`MAX_ROWS` intervals are kept and
+    interval is one observation, weighted by 1 / its decode steps. The last :data:`MAX_ROWS` intervals are kept (fewer
+    past :data:`MAX_MEMBERS` members among them) and
     the fit is made from them with each request's evidence as it stands, not as it stood when the interval settled:
     a request's first steps say little about how often it drafts.
 
@@ -180,12 +181,16 @@ class DraftModel:
     # for as many more intervals as that is times over: its cost per interval stays that of a fit at concurrency 64,
     # and the weights are at most that many intervals old (keeping fewer intervals instead would cost accuracy).
     FIT_MEMBERS = 64 * MAX_ROWS
+    # Members kept across the intervals, at most: the oldest intervals go first past it, so that memory stays bounded
+    # however many requests an interval holds; every interval is kept up to concurrency 256.
+    MAX_MEMBERS = 4 * FIT_MEMBERS
     PASSES = 4
 
     def __init__(self, workloads: Mapping[str, Evidence] | None = None) -> None:
         """``workloads``: each workload's steps and multi-token steps (exact counts), kept up to date by the ledger;
         a request's own share of multi-token steps is shrunk towards its workload's."""
-        self._rows: deque[_DraftRow] = deque(maxlen=self.MAX_ROWS)
+        self._rows: deque[_DraftRow] = deque()
+        self._members = 0  # members of the rows kept
         self._unfitted = 0  # intervals added since the last fit
         self._names: list[str] = []
         self._fitted: tuple[WeightedLeastSquares, list[list[float]], list[float], list[float]] | None = None
@@ -204,7 +209,11 @@ class DraftModel:
         for w, _, _ in members:
             if w not in self._names and len(self._names) < MAX_WORKLOADS:
                 self._names.append(w)
-        self._rows.append(_DraftRow(hidden, steps, members))
+        rows = self._rows
+        rows.append(_DraftRow(hidden, steps, members))
+        self._members += len(members)
+        while len(rows) > 1 and (len(rows) > self.MAX_ROWS or self._members > self.MAX_MEMBERS):
+            self._members -= len(rows.popleft().members)
         self._unfitted += 1
         self._stale = True
 
@@ -221,7 +230,7 @@ class DraftModel:
         return self.weights()
 
     def _kept_members(self) -> int:
-        return sum(len(row.members) for row in self._rows)
+        return self._members
 
     def refit(self) -> None:
         """Fit anew from the kept intervals, each request's odds from its evidence as it stands now.

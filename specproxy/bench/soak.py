@@ -55,6 +55,7 @@ class SoakConfig:
     cancel_share: float = 0.1
     reset_share: float = 0.1
     seed: int = 0
+    rate: float = 0.0  # requests started per second, paced over the streams (0: each stream starts its next at once)
 
 
 # --- the client (its own process) ------------------------------------------------------------------------------------
@@ -93,9 +94,19 @@ async def _client(spec: dict[str, Any]) -> dict[str, Any]:
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
             seen["reset" if "bench_reset_after" in body else "broken"] += 1
 
+    started = [0]
+    first = time.monotonic()
+
     async def lane() -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=60)) as session:
             while time.monotonic() < deadline:
+                if spec["rate"] > 0:  # the n-th request starts at n / rate, or as soon as a stream is free after it
+                    at = first + started[0] / spec["rate"]
+                    started[0] += 1
+                    if (wait := at - time.monotonic()) > 0:
+                        await asyncio.sleep(wait)
+                    if time.monotonic() >= deadline:
+                        return
                 await one(session)
 
     async def progress() -> None:  # the requests finished so far, for the bench's samples: "done N" on stderr
@@ -107,7 +118,12 @@ async def _client(spec: dict[str, Any]) -> dict[str, Any]:
     reporter = asyncio.create_task(progress())
     await asyncio.gather(*(lane() for _ in range(spec["streams"])))
     reporter.cancel()
-    return {"outcomes": dict(seen), "requests": sum(seen.values()), "request_ids": ids}
+    return {
+        "outcomes": dict(seen),
+        "requests": sum(seen.values()),
+        "request_ids": ids,
+        "seconds": time.monotonic() - first,
+    }
 
 
 # --- the run -----------------------------------------------------------------------------------------------------
@@ -170,16 +186,20 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         mine = [(t, r, by[name]) for t, r, by in samples if name in by]
         processes[name] = {
             "base_mb": base.get(name),
+            "end_mb": mine[-1][2] if mine else None,
             "samples": mine,
             **growth([(t, r, mb) for t, r, mb in mine]).as_dict(),
         }
     tree_growth = growth([(t, r, sum(by.values())) for t, r, by in samples]).as_dict()
     client = out["outcomes"]
-    expected = {
-        "ok": client.get("ok", 0),
-        "client_cancelled": client.get("cancelled", 0),
-        "upstream_reset": client.get("reset", 0),
-    }
+    # a client that closes once the proxy has relayed the whole stream (its last events not yet read) got it all: that
+    # record is ok (docs/records.md), a race that short streams at a high rate meet often; every other outcome matches
+    late = client.get("cancelled", 0) - by_outcome.get("client_cancelled", 0)
+    matched = (
+        late >= 0
+        and by_outcome.get("ok", 0) == client.get("ok", 0) + late
+        and by_outcome.get("upstream_reset", 0) == client.get("reset", 0)
+    )
     return {
         "config": asdict(cfg),
         "rss_base_mb": sum(base.values()),
@@ -196,11 +216,14 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         "every_process_within_target": all(p["passed"] for p in processes.values()) if processes else None,
         "client_outcomes": client,
         "requests": out["requests"],
+        "seconds": out["seconds"],
+        "rate": out["requests"] / out["seconds"] if out["seconds"] > 0 else None,
         "records": len(records),
         "record_outcomes": dict(by_outcome),
         "every_request_one_record": sorted(recorded_ids) == sorted(out["request_ids"])
         and all(v == 1 for v in recorded_ids.values()),
-        "outcomes_match": all(by_outcome.get(k, 0) == v for k, v in expected.items()),
+        "outcomes_match": matched,
+        "late_cancels": max(0, late),
     }
 
 
@@ -217,7 +240,8 @@ def render_soak(r: dict[str, Any]) -> str:
     out = [
         f"specproxy bench --soak: {c['seconds']:g} s, {c['streams']} streams in flight through specproxy proxy"
         f" (default --workers) at {c['steps_per_s']:g} steps/s, {c['min_tokens']}-{c['max_tokens']} events each;"
-        f" {c['cancel_share']:.0%} cancelled by the client, {c['reset_share']:.0%} reset by the upstream",
+        f" {c['cancel_share']:.0%} cancelled by the client, {c['reset_share']:.0%} reset by the upstream"
+        + (f"; {c['rate']:g} requests/s started at most" if c.get("rate") else ""),
         "",
         "RSS per process, MB:",
     ]
@@ -255,8 +279,26 @@ def render_soak(r: dict[str, Any]) -> str:
             f"  {_per_1000(g['slope_mb_per_1000']):>7}  {_per_1000(g['half_slope_mb_per_1000']):>8}"
             f"{verdict}"
         )
+    out += [
+        "",
+        "per process: RSS before the load, at its peak and at the end (MB); slope over the last half (MB per 1,000"
+        " requests):",
+    ]
+    for name, g in procs.items():
+        out.append(
+            f"  {name:<{width}}  start {g['base_mb'] or 0.0:7.1f}  peak {g['max_mb']:7.1f}"
+            f"  end {g['end_mb'] or 0.0:7.1f}"
+            f"  2nd half {_per_1000(g['half_slope_mb_per_1000'])}"
+        )
+    target_rate = f" (target {c['rate']:g})" if c.get("rate") else ""
+    out.append(
+        f"  {'all':<{width}}  start {r['rss_base_mb']:7.1f}  peak {r['rss_max_mb']:7.1f}"
+        f"  end {r['rss_samples'][-1][1] if r['rss_samples'] else 0.0:7.1f}"
+        f"  2nd half {_per_1000(r['tree']['half_slope_mb_per_1000'])}"
+    )
     verdict = "n/a (too short)" if r["flat"] is None else "pass" if r["flat"] else "FAIL"
     out += [
+        f"achieved: {r['requests']} requests in {r['seconds']:.0f} s, {r['rate'] or 0.0:.1f} requests/s{target_rate}",
         "",
         f"whole tree: before {r['rss_base_mb']:.1f} MB; second fifth {r['rss_early_mb']:.1f} MB; last fifth"
         f" {r['rss_late_mb']:.1f} MB; growth {r['rss_growth_mb']:+.1f} MB (flat: at most {FLAT_SHARE:.0%} or"
@@ -264,7 +306,8 @@ def render_soak(r: dict[str, Any]) -> str:
         f"requests {r['requests']} (client saw {json.dumps(r['client_outcomes'], sort_keys=True)}); records"
         f" {r['records']} ({json.dumps(r['record_outcomes'], sort_keys=True)})",
         f"every request exactly one record: {'pass' if r['every_request_one_record'] else 'FAIL'}; outcomes as the"
-        f" client saw them: {'pass' if r['outcomes_match'] else 'FAIL'}",
+        f" client saw them: {'pass' if r['outcomes_match'] else 'FAIL'}"
+        + (f" ({r['late_cancels']} cancels after the whole stream was relayed: ok)" if r.get("late_cancels") else ""),
     ]
     return "\n".join(out)
 

@@ -41,6 +41,18 @@ def _cpus(option: str, value: str | None) -> frozenset[int] | None:
         raise typer.BadParameter(str(e)) from None
 
 
+def _soak_tokens(value: str) -> tuple[int, int]:
+    """MIN-MAX events per soak stream; at least 2 each (a cancel or a reset falls after the first event)."""
+    lo, sep, hi = value.partition("-")
+    try:
+        out = (int(lo), int(hi) if sep else int(lo))
+    except ValueError:
+        raise typer.BadParameter(f"--soak-tokens takes MIN-MAX events like 4-8, got {value!r}") from None
+    if out[0] < 2 or out[1] < out[0]:
+        raise typer.BadParameter(f"--soak-tokens takes MIN-MAX with 2 <= MIN <= MAX, got {value!r}")
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @command(app, "bench")
     def bench(
@@ -98,6 +110,10 @@ def register(app: typer.Typer) -> None:
             0.0, "--soak", help="Seconds of streams with cancels and resets instead: is memory flat? (600: 10 min)"
         ),
         soak_streams: int = typer.Option(64, "--soak-streams", help="Streams in flight during --soak."),
+        soak_rate: float = typer.Option(
+            0.0, "--soak-rate", help="Requests started per second during --soak, at most (0: as fast as they end)."
+        ),
+        soak_tokens: str = typer.Option("20-200", "--soak-tokens", help="Events per stream during --soak: MIN-MAX."),
         hostile_streams: int = typer.Option(64, "--hostile-streams", help="Streams each way during --hostile."),
         fmt: str = typer.Option("table", "--format", help="table or json."),
     ) -> None:
@@ -130,8 +146,9 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"{name} must be at least 1, got {value}")
         if steps_per_s <= 0:
             raise typer.BadParameter(f"--steps-per-s must be positive, got {steps_per_s}")
-        if soak < 0 or soak_streams < 1:
-            raise typer.BadParameter("--soak takes seconds (0: off) and --soak-streams at least 1")
+        if soak < 0 or soak_streams < 1 or soak_rate < 0:
+            raise typer.BadParameter("--soak takes seconds (0: off), --soak-streams at least 1, --soak-rate 0 or more")
+        soak_min, soak_max = _soak_tokens(soak_tokens)
         if fmt not in ("table", "json"):
             raise typer.BadParameter(f"--format must be table or json, got {fmt!r}")
         from specproxy.bench.config import BenchConfig
@@ -169,7 +186,15 @@ def register(app: typer.Typer) -> None:
             elif soak:
                 from specproxy.bench.soak import SoakConfig, render_soak, run_soak
 
-                soaked = run_async(run_soak(SoakConfig(seconds=soak, streams=soak_streams, steps_per_s=steps_per_s)))
+                soak_cfg = SoakConfig(
+                    seconds=soak,
+                    streams=soak_streams,
+                    steps_per_s=steps_per_s,
+                    min_tokens=soak_min,
+                    max_tokens=soak_max,
+                    rate=soak_rate,
+                )
+                soaked = run_async(run_soak(soak_cfg))
                 typer.echo(as_json(soaked) if fmt == "json" else render_soak(soaked))
             elif hostile:
                 from specproxy.bench.hostile import run_hostile

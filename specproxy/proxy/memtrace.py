@@ -10,6 +10,9 @@ Off unless the variable names a directory. Each process (``main``, each relay, t
   kept), not Python objects';
 - rewrites ``DIR/NAME-PID.txt``: the 40 places whose traced memory grew most since the warm-up snapshot.
 
+``SPECPROXY_TRACEMALLOC_PROCESSES`` (names, comma-separated, such as ``sp-bookkeeper``) traces those processes
+only, so that the others run at their own speed.
+
 Tracing costs: every traced process is slower (a traced bookkeeper fell behind at a load it sustains untraced), so
 a traced run is for finding what grows, not for how fast or how large the proxy is.
 """
@@ -101,6 +104,9 @@ def from_env(name: str) -> MemTrace | None:
     """This process's tracing when ``SPECPROXY_TRACEMALLOC`` names a directory (made if missing), else None."""
     directory = os.environ.get(ENV)
     if not directory:
+        return None
+    only = {p.strip() for p in os.environ.get(ENV + "_PROCESSES", "").split(",") if p.strip()}
+    if only and name not in only:
         return None
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)

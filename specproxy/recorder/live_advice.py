@@ -17,17 +17,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from specproxy.analysis.advise.gather import build_advice
 from specproxy.analysis.advise.model import WorkloadAdvice, asks_thinking, shows_thinking
 from specproxy.core.record import Record
+from specproxy.core.window import Window
 from specproxy.recorder.live_bands import Band, Point, Schedule, band_json, compute_bands, point_of
 
 WINDOW_S = 600.0
 MAX_PER_WORKLOAD = 2000  # the latest records a workload keeps in the window
+MAX_RECORDS = 8000  # the latest records all workloads keep together (up to 100 workloads would keep 200,000)
+MAX_RECORD_BYTES = 16 * 2**20  # of their JSON: a record's path, model and error are clients' and engines', any length
 MAX_POINTS = 8000  # the latest requests the bands keep (all workloads, any outcome)
+MAX_POINT_BYTES = 4 * 2**20  # of their JSON: a point's path is a client's, any length
 
 
 class LiveAdvice:
@@ -41,11 +46,18 @@ class LiveAdvice:
     ) -> None:
         self.window_s = window_s
         self.schedule = schedule  # the engine's k per batch size, to check against (--speculative-config)
-        self._points: collections.deque[tuple[float, Point]] = collections.deque(maxlen=max_points)
+        self._points: Window[Point] = Window(
+            max_age_s=window_s, max_per_key=max_points, max_entries=max_points, max_bytes=MAX_POINT_BYTES, clock=clock
+        )
         self.bands: list[Band] = []
         self._clock = clock
-        self._max = max_per_workload
-        self._records: dict[str, collections.deque[tuple[float, Record]]] = {}
+        self._records: Window[Record] = Window(
+            max_age_s=window_s,
+            max_per_key=max_per_workload,
+            max_entries=MAX_RECORDS,
+            max_bytes=MAX_RECORD_BYTES,
+            clock=clock,
+        )
         self.current: dict[str, dict[str, Any]] = {}
         self.changes: collections.Counter[str] = collections.Counter()
         self.refreshed_at: float | None = None
@@ -55,32 +67,21 @@ class LiveAdvice:
         """Every live record (an observer of the recorder): kept (:func:`kept`) if it ended ok with drafts; and for the
         bands, whatever its end (a failed request was in flight too)."""
         if rec.get("started_at") is not None and rec.get("e2e_s") is not None:
-            self._points.append((self._clock(), point_of(rec)))
+            point = point_of(rec)
+            self._points.add(None, point, len(orjson.dumps(point.rec)))
         spec = rec.get("spec")
         if rec.get("outcome") != "ok" or not spec or not spec.get("drafts"):
             return
-        q = self._records.get(rec["workload"])
-        if q is None:
-            q = self._records[rec["workload"]] = collections.deque(maxlen=self._max)
-        q.append((self._clock(), kept(rec)))
+        light = kept(rec)
+        self._records.add(rec["workload"], light, len(orjson.dumps(light)))
 
     def snapshot(self) -> list[Record]:
         """The window's records, the older ones let go."""
-        oldest = self._clock() - self.window_s
-        out: list[Record] = []
-        for q in self._records.values():
-            while q and q[0][0] < oldest:
-                q.popleft()
-            out.extend(r for _, r in q)
-        return out
+        return self._records.entries()
 
     def band_points(self) -> list[Point]:
         """The window's requests for the bands, the older ones let go."""
-        oldest = self._clock() - self.window_s
-        q = self._points
-        while q and q[0][0] < oldest:
-            q.popleft()
-        return [p for _, p in q]
+        return self._points.entries()
 
     @staticmethod
     def compute(records: Sequence[Record]) -> dict[str, dict[str, Any]]:

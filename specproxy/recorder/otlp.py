@@ -4,9 +4,10 @@ The span is made from the record (:func:`span_of_record`), never from the stream
 recorder's per-record observers, so it runs in the bookkeeper once a record is complete, off every client's path.
 Each record's span is encoded at once (tens of microseconds) and queued; a background task posts batches (up to
 ``batch_spans``, at least every ``interval_s``), one at a time, each within ``timeout_s``. The queue is bounded:
-past ``max_queue`` spans waiting (a receiver that is down or slow), the oldest are dropped. Every span ends as
-exported, dropped or failed, counted in ``/specproxy/status`` and ``/specproxy/metrics``; nothing here raises into
-the recorder, and a receiver that hangs only fills (and trims) the queue.
+past ``max_queue`` spans or :data:`MAX_QUEUE_BYTES` waiting (a receiver that is down or slow), the oldest are
+dropped. Every span ends as exported, dropped or failed, counted in ``/specproxy/status`` and
+``/specproxy/metrics``; nothing here raises into the recorder, and a receiver that hangs only fills (and trims) the
+queue.
 
 Attribute names follow the OpenTelemetry GenAI semantic conventions where they have one (``gen_ai.*``,
 ``server.*``, ``error.type``); specproxy's own figures are ``specproxy.*``. The export's headers (an API key) are
@@ -52,6 +53,7 @@ PROTOCOLS = ("http/protobuf", "http/json")
 SCOPE = "specproxy"
 TRACES_PATH = "/v1/traces"
 RESPONSE_MAX_BYTES = 64 * 1024  # a receiver's answer is read this far, no further
+MAX_QUEUE_BYTES = 8 * 2**20  # encoded spans waiting, at most: a span's strings are clients' (path, model, error)
 _CHAT_ENDS = ("chat/completions", "api/chat", "responses", "messages")
 
 
@@ -262,6 +264,7 @@ class SpanExporter:
             "Content-Type": "application/json" if self._json else "application/x-protobuf",
         }
         self._queue: collections.deque[bytes] = collections.deque()
+        self._queued_bytes = 0
         self.exported = 0
         self.dropped = 0  # never sent: the queue was full, or the proxy stopped before they went
         self.failed = 0  # sent, and the receiver did not take them (an error, no answer in time, unreachable)
@@ -284,10 +287,11 @@ class SpanExporter:
             self.dropped += 1
             return
         queue = self._queue
-        if len(queue) >= self.cfg.max_queue:
-            queue.popleft()
-            self.dropped += 1
         queue.append(data)
+        self._queued_bytes += len(data)
+        while len(queue) > 1 and (len(queue) > self.cfg.max_queue or self._queued_bytes > MAX_QUEUE_BYTES):
+            self._queued_bytes -= len(queue.popleft())
+            self.dropped += 1
         if self._task is None and not self._closing:
             self._task = asyncio.get_running_loop().create_task(self._run())
         if len(queue) >= self.cfg.batch_spans:
@@ -311,6 +315,7 @@ class SpanExporter:
     async def _export(self) -> None:
         queue = self._queue
         batch = [queue.popleft() for _ in range(min(len(queue), self.cfg.batch_spans))]
+        self._queued_bytes -= sum(len(b) for b in batch)
         encode = export_request_json if self._json else export_request
         body = encode(self._resource, SCOPE, __version__, batch)
         if self._session is None:
@@ -366,6 +371,7 @@ class SpanExporter:
                 log.error("the OTLP export task ended: %s", task.exception())
         self.dropped += len(self._queue)
         self._queue.clear()
+        self._queued_bytes = 0
         if self._session is not None:
             await self._session.close()
 

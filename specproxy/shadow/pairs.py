@@ -16,6 +16,7 @@ from typing import Any
 
 WINDOW = 2000  # finished pairs kept per candidate and workload: the live figures are of the latest this many
 PENDING_MAX = 20_000  # halves waiting for their other half; beyond, the oldest are forgotten (counted)
+MAX_TEXT_CHARS = 32 * 2**20  # greedy texts waiting for their records, in all: the oldest go past it
 TAIL_CHARS = 32  # greedy texts that part within their last this many characters (or 10 %) part by noise
 
 
@@ -110,12 +111,23 @@ def pair_of(
     )
 
 
+def _thin(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """What a half keeps of a record until its other half comes: what :func:`pair_of` reads, without the record's
+    chunks, body and text (a whole record is up to ``--capture-max-bytes`` twice over)."""
+    out = {k: rec.get(k) for k in ("request_id", "workload", "outcome", "ttft_s", "tpot_s", "e2e_s", "decode_tok_s")}
+    spec = rec.get("spec")
+    out["spec"] = (
+        {k: spec.get(k) for k in ("accepted", "draft_tokens", "drafts")} if isinstance(spec, Mapping) else None
+    )
+    return out
+
+
 @dataclass(slots=True)
 class _Half:
     remaining: int  # shadows whose record has not come yet
     record: Mapping[str, Any] | None = None
-    text: str | None = None
-    shadows: list[tuple[str, Mapping[str, Any], str | None]] | None = None  # (candidate, record, text) come first
+    # (candidate, record, request id) of shadows come first; every text waits in the book's texts, which are capped
+    shadows: list[tuple[str, Mapping[str, Any], str]] | None = None
 
 
 class PairBook:
@@ -135,6 +147,7 @@ class PairBook:
         self._pending_max = pending_max
         self._pending: collections.OrderedDict[str, _Half] = collections.OrderedDict()
         self._texts: dict[str, str] = {}  # request id -> text, for the greedy pairs' records still to come
+        self._text_chars = 0
         self._greedy: set[str] = set()
 
     def expect(self, live_id: str, shadows: int, *, greedy: bool) -> None:
@@ -144,9 +157,10 @@ class PairBook:
         if greedy:
             self._greedy.add(live_id)
         while len(self._pending) > self._pending_max:
-            old, _ = self._pending.popitem(last=False)
+            old, half = self._pending.popitem(last=False)
             self._greedy.discard(old)
-            self._texts.pop(old, None)
+            for rid in (old, *(sid for _, _, sid in half.shadows or ())):
+                self._take_text(rid)
             self.forgotten += 1
 
     def wants_text(self, request_id: str) -> bool:
@@ -155,35 +169,45 @@ class PairBook:
     def text(self, request_id: str, text: str, shadow_of: str | None = None) -> None:
         """A response's text, before its record: kept only for a greedy pair's live request or shadow."""
         if (shadow_of or request_id) in self._greedy:
+            self._take_text(request_id)
             self._texts[request_id] = text
+            self._text_chars += len(text)
+            while self._text_chars > MAX_TEXT_CHARS and len(self._texts) > 1:
+                self._take_text(next(iter(self._texts)))
+
+    def _take_text(self, request_id: str) -> str | None:
+        text = self._texts.pop(request_id, None)
+        if text is not None:
+            self._text_chars -= len(text)
+        return text
 
     def live(self, rec: Mapping[str, Any]) -> None:
         rid = str(rec.get("request_id"))
         half = self._pending.get(rid)
         if half is None:
             return  # not shadowed
-        half.record = rec
-        half.text = self._texts.pop(rid, None)
-        for candidate, shadow, text in half.shadows or ():
-            self._add(candidate, rec, shadow, half.text, text)
+        half.record = rec = _thin(rec)
+        for candidate, shadow, sid in half.shadows or ():
+            self._add(candidate, rec, shadow, self._texts.get(rid), self._take_text(sid))
         half.shadows = None
         self._settle(rid, half)
 
     def shadow(self, candidate: str, rec: Mapping[str, Any]) -> None:
         live_id = rec.get("shadow_of")
         half = self._pending.get(str(live_id))
-        text = self._texts.pop(str(rec.get("request_id")), None)
+        sid = str(rec.get("request_id"))
         if rec.get("outcome") != "ok":
             per = self.failed.setdefault(candidate, {})
             outcome = str(rec.get("outcome"))
             per[outcome] = per.get(outcome, 0) + 1
         if half is None:
+            self._take_text(sid)
             return
         half.remaining -= 1
         if half.record is None:
-            half.shadows = [*(half.shadows or []), (candidate, rec, text)]
+            half.shadows = [*(half.shadows or []), (candidate, _thin(rec), sid)]
         else:
-            self._add(candidate, half.record, rec, half.text, text)
+            self._add(candidate, half.record, rec, self._texts.get(str(live_id)), self._take_text(sid))
             self._settle(str(live_id), half)
 
     def _settle(self, live_id: str, half: _Half) -> None:
@@ -191,7 +215,7 @@ class PairBook:
         if half.record is not None and half.remaining <= 0:
             self._pending.pop(live_id, None)
             self._greedy.discard(live_id)
-            self._texts.pop(live_id, None)
+            self._take_text(live_id)
 
     def _add(
         self, candidate: str, live: Mapping[str, Any], shadow: Mapping[str, Any], lt: str | None, st: str | None
