@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from specproxy.attribution import ledger as ledger_mod
 from specproxy.attribution.ledger import MAX_CHUNK_AGE_NS, CounterLedger, read_times
 from specproxy.core.prom import SpecCounters
 
@@ -217,6 +218,21 @@ def test_ledger_forgets_old_chunks_when_nothing_settles() -> None:
     assert led.pending_chunks < n
     assert led.pending_chunks <= (MAX_CHUNK_AGE_NS + 4096 * 10**8) // 10**8 + 1
     assert led.pop("a") is None  # nothing was ever settled for it
+
+
+def test_ledger_keeps_a_bounded_count_of_chunks_whatever_the_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks at a high rate with no good scrape: the age bound alone would keep every chunk of two minutes; the
+    count bound keeps the newest, and the requests whose chunks went say their counter figure is incomplete."""
+    monkeypatch.setattr(ledger_mod, "MAX_CHUNKS", 5000)
+    led = CounterLedger()
+    for r in ("a", "b"):
+        led.begin(r)
+    for i in range(4096 * 4):  # a microsecond apart: all within the age bound
+        led.record_chunk("a" if i < 4096 else "b", 1, i * 1000, exact=True)
+    assert led.pending_chunks <= 5000 + 4096
+    assert not led.pending_for("a") and led.pending_for("b")  # a's chunks were the oldest: let go, never settled
+    led.end("a")
+    assert led.pop("a") is None
 
 
 def test_in_flight_counts_requests_not_ended() -> None:

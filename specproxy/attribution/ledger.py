@@ -29,6 +29,9 @@ from specproxy.core.prom import SpecCounters
 
 PARTIAL_DRAFTING_BELOW = 0.95  # drafts per decode step under this: the method drafts on some steps only
 MAX_CHUNK_AGE_NS = 120 * 10**9  # without good scrapes, chunks older than this are forgotten
+# ... and past this many waiting chunks, the oldest: an age bound alone holds as many as the event rate brings in that
+# time. A chunk is a few fixed-size fields, so the count bounds its bytes.
+MAX_CHUNKS = 2**18
 
 
 @dataclass(slots=True)
@@ -119,10 +122,11 @@ class CounterLedger:
         chunks.append(Chunk(t_ns, rid, tokens, decode, exact))
         self._waiting[rid] = self._waiting.get(rid, 0) + 1
         # Without good scrapes (the engine's /metrics down for long) nothing settles: forget chunks older than
-        # two minutes rather than grow without bound; their requests' counter figures are then incomplete.
+        # two minutes, or the oldest past MAX_CHUNKS, rather than grow without bound; their requests' counter
+        # figures are then incomplete.
         if len(chunks) % 4096 == 0:
             cutoff = t_ns - MAX_CHUNK_AGE_NS
-            while chunks and chunks[0].t_ns < cutoff:
+            while chunks and (chunks[0].t_ns < cutoff or len(chunks) > MAX_CHUNKS):
                 old = chunks.popleft().request_id
                 self._taken(old, 1)
                 r = self._req.get(old)
