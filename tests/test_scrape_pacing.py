@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -236,3 +237,54 @@ async def test_engine_figures_slow_the_periodic_scrape_and_keep_the_cross_check(
             assert abs(status["engine"]["accepted"] - total) < 0.01, (status, total)
             assert status["engine"]["per_request_figures"] is bool(detail)
     assert counts["detailed"] < counts[None], counts
+
+
+async def test_an_engine_slow_to_render_its_metrics_is_scraped_less_often(tmp_path: Path) -> None:
+    """The engine renders /metrics on the loop that streams tokens: where a render takes long, scrapes keep at most
+    SCRAPE_DUTY of its time, however many requests end. Requests ending one after another ask for a closing scrape
+    each; with a 40 ms render they are 2 s apart, not the 0.1 s floor."""
+    from specproxy.recorder.scraper import SCRAPE_DUTY
+
+    render_s = 0.04
+    hits: list[float] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        hits.append(asyncio.get_running_loop().time())
+        await asyncio.sleep(render_s)
+        return web.Response(text=METRICS, content_type="text/plain")
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for word in ("Hello", " there"):
+            chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": word}}]}
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/metrics", metrics)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    body = {"model": "m", "messages": [], "stream": True}
+    try:
+        async with (
+            running_proxy(str(server.make_url("")).rstrip("/"), tmp_path) as px,
+            aiohttp.ClientSession() as s,
+        ):
+            scraper = await baseline(px)
+            first = len(hits)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            while loop.time() - t0 < 3.0:
+                async with s.post(px.url + "/v1/chat/completions", json=body) as r:
+                    await r.read()
+            assert scraper.flight_s is not None and scraper.flight_s >= render_s
+            assert px.recorder.status()["engine"]["scrape_gap_s"] >= render_s / SCRAPE_DUTY
+            later = hits[first - 1 :]  # from the baseline on
+            gaps = [b - a for a, b in itertools.pairwise(later)]
+            assert gaps and all(g >= 0.9 * render_s / SCRAPE_DUTY for g in gaps), gaps
+    finally:
+        await server.close()

@@ -476,6 +476,9 @@ class Recorder:
                 "name": self.engine.of(None, sc.engine),  # --engine, or what auto-detection found
                 "acceptance_length_gauge": sc.accept_length_gauge,
                 "scrapes_ok": sc.ok,
+                # a scrape's flight (running mean), and the floor between scrapes it sets (engine time spared)
+                "scrape_flight_ms": round(self.scraper.flight_s * 1e3, 3) if self.scraper.flight_s else None,
+                "scrape_gap_s": round(self.scraper.gap_s, 3),
                 "scrapes_deferred": self.scraper.deferred,  # held back until a request in prefill got its first token
                 "scrapes_waited_for_relays": self.scraper.caught_up_late,  # settled once the relays' chunks had arrived
                 "per_request_figures": self.scraper.per_request_figures,  # the engine's own: scraped seldom

@@ -1,6 +1,7 @@
 """Scrapes of the engine's ``/metrics``, coalesced, never on the relay path.
 
-One scrape is in flight at a time, at least ``min_gap_s`` (100 ms) apart. Asking for a scrape (a request ended)
+One scrape is in flight at a time, at least ``min_gap_s`` (100 ms) apart, and further apart where the engine takes
+long to answer (:data:`SCRAPE_DUTY`). Asking for a scrape (a request ended)
 returns a future for the first scrape that *starts* after the ask, so requests that end close together share one.
 While requests are in flight a periodic scrape (default every 250 ms) keeps the intervals short. Scrape load is
 bounded (at most 10 a second) whatever the request rate: it matters, since the engine's API server renders its whole
@@ -70,6 +71,11 @@ MAX_DEFER_S = 1.0  # the longest a scrape waits for the requests in prefill to g
 PER_REQUEST_RUN = 3  # requests in a row with the engine's own figures before the counters are scraped seldom
 SLOW_INTERVAL_S = 10.0  # the periodic scrape then
 QUIET_S = 0.5  # after the last request ends, the engine quiet this long: one scrape brings status up to date
+# At most this share of the engine's time answers our scrapes: the floor between two scrapes is the flight of the
+# recent ones over it (a render that takes 5 ms keeps them 250 ms apart), and it rises by itself when a busy engine
+# answers late, which is when a scrape delays its streams most.
+SCRAPE_DUTY = 0.02
+FLIGHT_WEIGHT = 0.2  # the newest flight's weight in the running mean the floor follows
 
 
 @dataclass(slots=True)
@@ -133,6 +139,7 @@ class Scraper:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.state = ScrapeState()
+        self.flight_s: float | None = None  # running mean of good scrapes' flight, ask to answer
         self._spec = SpecCounts()
         self._gen_tokens = 0.0
         self._read_bytes = 0.0
@@ -230,7 +237,7 @@ class Scraper:
             self._wake.clear()
             if self._closed:
                 break
-            gap = self._last_start + self.min_gap_s - time.monotonic()
+            gap = self._last_start + self.gap_s - time.monotonic()
             if gap > 0:  # back-to-back end-of-request scrapes: keep a floor between them
                 await asyncio.sleep(gap)
             if self._waiters and self._last is not None and self._in_flight() == 0 and self.arrival_wait_s > 0:
@@ -257,6 +264,12 @@ class Scraper:
         for w in self._waiters:
             if not w.done():
                 w.set_result(False)
+
+    @property
+    def gap_s(self) -> float:
+        """The floor between two scrapes' starts: ``min_gap_s``, or more where a scrape's flight is long
+        (:data:`SCRAPE_DUTY`)."""
+        return max(self.min_gap_s, (self.flight_s or 0.0) / SCRAPE_DUTY)
 
     async def _await_arrival(self) -> None:
         """Up to ``arrival_wait_s`` for a request to arrive (its prefill then holds the scrape back in turn)."""
@@ -290,6 +303,8 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, MetricsParseError, ScrapeError, ValueError) as e:
             self._error(str(e) or type(e).__name__)
             return False
+        flight = (returned_ns - issued_ns) / 1e9
+        self.flight_s = flight if self.flight_s is None else self.flight_s + FLIGHT_WEIGHT * (flight - self.flight_s)
         # the engine read its counters somewhere during the scrape's flight: split activity at the middle
         boundary_ns = (issued_ns + returned_ns) // 2
         slack_ns = max(50_000_000, returned_ns - issued_ns)
