@@ -181,7 +181,8 @@ class Recorder:
             if tl is not None and self.server_tokenizer is not None and not tl.completion_from_usage:
                 tl, tokenize_failed = await self.server_tokenizer.recount(tl, trace.meta.model)
             # a share that rests on a per-workload model is written now, with the figure known now, and corrected
-            # once that model is stable (at most the hold later)
+            # once that model is stable (at most the hold later); where the record's figure is another source's
+            # (the engine's own), it is final now, and the counters' estimate beside it is the one known now
             waits = [
                 event
                 for needed, event in (
@@ -190,8 +191,9 @@ class Recorder:
                 )
                 if needed and not event.is_set()
             ]
-            if waits and self.held < MAX_HELD:
-                early = self._record(trace, outcome, error, end_ns, self.ledger.peek(rid), tl, tokenize_failed)
+            rec = self._record(trace, outcome, error, end_ns, self.ledger.peek(rid), tl, tokenize_failed)
+            if waits and self.held < MAX_HELD and (rec["spec"] or {}).get("source") == "counters":
+                early = rec
                 early["flags"].append(CORRECTION_PENDING)
                 self.sink.put(early)
                 self.held += 1
@@ -202,7 +204,9 @@ class Recorder:
                         )
                 finally:
                     self.held -= 1
-            rec = self._record(trace, outcome, error, end_ns, self.ledger.pop(rid), tl, tokenize_failed)
+                rec = self._record(trace, outcome, error, end_ns, self.ledger.pop(rid), tl, tokenize_failed)
+            else:
+                self.ledger.pop(rid)
         except Exception as e:  # bookkeeping must never lose the record: write what is known
             log.exception("building the record of %s failed", rid)
             with contextlib.suppress(Exception):  # the ledger may be what failed: forget the request all the same

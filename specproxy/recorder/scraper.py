@@ -71,9 +71,9 @@ MAX_DEFER_S = 1.0  # the longest a scrape waits for the requests in prefill to g
 PER_REQUEST_RUN = 3  # requests in a row with the engine's own figures before the counters are scraped seldom
 SLOW_INTERVAL_S = 10.0  # the periodic scrape then
 QUIET_S = 0.5  # after the last request ends, the engine quiet this long: one scrape brings status up to date
-# At most this share of the engine's time answers our scrapes: the floor between two scrapes is the flight of the
-# recent ones over it (a render that takes 5 ms keeps them 250 ms apart), and it rises by itself when a busy engine
-# answers late, which is when a scrape delays its streams most.
+# While requests overlap, at most this share of the engine's time answers our scrapes: the floor between two scrapes
+# is the flight of the recent ones over it (a render that takes 5 ms keeps them 250 ms apart), and it rises by itself
+# when a busy engine answers late, which is when a scrape delays its streams most.
 SCRAPE_DUTY = 0.02
 FLIGHT_WEIGHT = 0.2  # the newest flight's weight in the running mean the floor follows
 
@@ -237,8 +237,12 @@ class Scraper:
             self._wake.clear()
             if self._closed:
                 break
-            gap = self._last_start + self.gap_s - time.monotonic()
-            if gap > 0:  # back-to-back end-of-request scrapes: keep a floor between them
+            # back-to-back end-of-request scrapes: keep a floor between them. With one request at a time the closing
+            # scrapes are one per request, and each request's counters are exact only if its closing scrape comes
+            # before the next request's steps: there the plain floor (one render per request costs the engine little)
+            floor = self.gap_s if self._in_flight() > 1 else self.min_gap_s
+            gap = self._last_start + floor - time.monotonic()
+            if gap > 0:
                 await asyncio.sleep(gap)
             if self._waiters and self._last is not None and self._in_flight() == 0 and self.arrival_wait_s > 0:
                 await self._await_arrival()  # the engine just went idle: a closed loop's next request is on its way
