@@ -12,6 +12,7 @@ environment holds, and setuptools (which compiles the C) never reads this projec
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import shutil
@@ -56,11 +57,9 @@ def _say(line: str) -> None:
 
 def _missing() -> str | None:
     """Why no compile can be tried here, or None."""
-    try:
-        import mypyc.build  # noqa: F401
-        import setuptools  # noqa: F401
-    except ImportError as e:
-        return f"{e.name} is not installed"
+    for name in ("mypyc", "setuptools"):
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed"
     cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         return f"no C compiler ({cc} not found)"
