@@ -21,7 +21,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"specproxy {__version__}")
+        from specproxy.compiled import build
+
+        typer.echo(f"specproxy {__version__} ({build()})")  # compiled or pure-Python per-event modules
         raise typer.Exit()
 
 

@@ -79,7 +79,8 @@ def _cli_options() -> dict[tuple[str, ...], frozenset[str]]:
     def walk(cmd: Any, path: tuple[str, ...]) -> None:
         subs = getattr(cmd, "commands", None)
         if subs is not None:
-            found[path] = frozenset({"--help"})
+            own = {o for p in cmd.params if p.param_type_name == "option" for o in p.opts}  # the root's --version
+            found[path] = frozenset({"--help", *own})
             for name, sub in subs.items():
                 walk(sub, (*path, name))
             return

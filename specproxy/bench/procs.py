@@ -205,15 +205,21 @@ async def _drain(stream: asyncio.StreamReader, log: deque[str]) -> None:
 
 @contextlib.asynccontextmanager
 async def python_child(
-    *args: str, url_on: str = "stderr", wait_s: float = 30.0, cpus: frozenset[int] | None = None
+    *args: str,
+    url_on: str = "stderr",
+    wait_s: float = 30.0,
+    cpus: frozenset[int] | None = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Child]:
-    """``python ARGS`` (on ``cpus``, when given); its URL is the first ``http://host:port`` it prints on ``url_on``."""
+    """``python ARGS`` (on ``cpus``, when given; ``env`` added to this process's environment); its URL is the first
+    ``http://host:port`` it prints on ``url_on``."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         preexec_fn=on_cpus(cpus),
+        env={**os.environ, **env} if env else None,
     )
     assert proc.stdout is not None and proc.stderr is not None
     log: deque[str] = deque(maxlen=20)

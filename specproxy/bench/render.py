@@ -141,6 +141,7 @@ def render_levels(result: dict[str, Any]) -> str:
         f"specproxy bench: {cfg['tokens']} events per stream at {cfg['steps_per_s']:g} steps/s, stamped at send by the"
         " upstream and subtracted on receipt; added = relay's percentile minus direct's, in the same run",
         result["sharing"],
+        f"specproxy's per-event modules: {result.get('build', 'pure-Python')} (the rows not named pure-Python)",
         *(f"note: {n}" for n in result["notes"]),
     ]
     header = [
@@ -154,6 +155,8 @@ def render_levels(result: dict[str, Any]) -> str:
         "TTFT added",
         "CPU ms/1k",
         "relay ms/1k",
+        "vs nginx",
+        "relay vs nginx",
         "KiB/stream",
     ]
     for level in result["levels"]:
@@ -169,6 +172,8 @@ def render_levels(result: dict[str, Any]) -> str:
                 _f(r.get("ttft_added_ms"), signed=True) if r["relay"] != "direct" else "",
                 _f(r["cpu_ms_per_1000"], "{:.1f}"),
                 _f(r.get("relay_only_cpu_ms_per_1000"), "{:.1f}"),
+                _f(r.get("cpu_vs_nginx"), "{:.2f}x"),
+                _f(r.get("relay_only_vs_nginx"), "{:.2f}x"),
                 _f(r["mem_per_stream_kib"], "{:.1f}"),
             ]
             for r in level["rows"]

@@ -49,10 +49,13 @@ from specproxy.bench.roles import (
     sharing,
     shed_delta,
 )
-from specproxy.bench.verdicts import bookkeeper_ceiling, compare_saturation, splice_notes, targets
+from specproxy.bench.verdicts import bookkeeper_ceiling, compare_saturation, level_vs_nginx, splice_notes, targets
 from specproxy.bench.window import saturation_window
 from specproxy.bench.wire import now_ns
+from specproxy.compiled import PURE_ENV, build
 from specproxy.core.stats import percentile
+
+PURE_ROW = "specproxy --workers 1 (pure-Python)"  # with --floors, beside a compiled install's rows
 
 SATURATED_MS = 5.0  # direct's own p50 transit past this: the load, not the relay, sets the figures
 CLIENT_FLOOR = 20_000  # chunks/s one client process must take, or the bench measures itself
@@ -239,6 +242,16 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
             "specproxy proxy has no --workers option in this build: one specproxy row, measured without it"
             + (f" (--workers {cfg.workers} not applied)" if cfg.workers else "")
         )
+    envs: list[dict[str, str] | None] = [None] * len(variants)
+    if cfg.floors and variants[0][2] is not None:
+        if build() == "pure-Python":
+            notes.append(
+                "this install's per-event modules are pure Python (built without a C compiler, or with"
+                f" {PURE_ENV}=1): no compiled row beside the pure-Python one"
+            )
+        else:  # the same install with its per-event modules loaded from their .py files
+            variants.append((PURE_ROW, ["--workers", "1"], 1))
+            envs.append({PURE_ENV: "1"})
     binary = nginx_path() if cfg.use_nginx else None
     if binary is None:
         notes.append(
@@ -252,9 +265,10 @@ async def relays(cfg: BenchConfig, upstream: Child, tmp: Path, notes: list[str])
                     *("-m", "specproxy", "proxy", "--upstream", upstream.url, "--listen", "127.0.0.1:0"),
                     *("--record", str(tmp / f"records-{i}.jsonl"), *extra),
                     cpus=pin,
+                    env=env,
                 )
             )
-            for i, (_, extra, _n) in enumerate(variants)
+            for i, ((_, extra, _n), env) in enumerate(zip(variants, envs, strict=True))
         ]
         names = [name for name, _, _ in variants]
         workers: list[int | None] = [n for _, _, n in variants]
@@ -345,6 +359,7 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
                 for row in level:
                     _added(row, level[0])
                     row["workers"] = next(r.workers for r in rows if r.name == row["relay"])
+                level_vs_nginx(level)
                 late = level[0]["lat_p50_ms"]
                 if late is not None and late > SATURATED_MS:
                     notes.append(
@@ -371,6 +386,7 @@ async def run_levels(cfg: BenchConfig) -> dict[str, Any]:
     cap = direct_sat["client_chunks_per_s_per_process"]
     return {
         "config": {**asdict(cfg), **{k: sorted(v) if v else None for k, v in _cpu_fields(cfg).items()}},
+        "build": build(),  # of the specproxy rows without "(pure-Python)" in their name
         "cores": os.cpu_count(),
         "sharing": sharing(cfg),
         "notes": notes,

@@ -126,6 +126,20 @@ def splice_notes(saturation: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def level_vs_nginx(level: list[dict[str, Any]]) -> None:
+    """Each row of a paced level against nginx's CPU per event at that level (``cpu_vs_nginx``: the whole process
+    tree; ``relay_only_vs_nginx``: specproxy's relay processes alone), where nginx has a row with CPU."""
+    ng = next((r for r in level if r["relay"].startswith("nginx")), None)
+    base = ng["cpu_ms_per_1000"] if ng else None
+    for row in level:
+        whole, relay = row.get("cpu_ms_per_1000"), row.get("relay_only_cpu_ms_per_1000")
+        row["cpu_vs_nginx"] = whole / base if base and whole is not None else None
+        row["relay_only_vs_nginx"] = relay / base if base and relay is not None else None
+
+
+WHOLE_VS_NGINX = 1.5  # specproxy's whole process tree (relays and bookkeeping): CPU per chunk against nginx's
+RELAY_VS_NGINX = 1.0  # its relay processes alone
+
 SCALING_TARGETS = {2: 1.8, 4: 3.5}  # --workers N: at least this many times --workers 1's chunks/s at saturation
 
 
@@ -145,16 +159,26 @@ def targets(levels: list[dict[str, Any]], saturation: list[dict[str, Any]]) -> l
             if level["streams"] == 256:
                 add(f"{row['relay']}: added p50 at 256 streams (ms)", row["added_p50_ms"], 0.3)
                 add(f"{row['relay']}: added p99 at 256 streams (ms)", row["added_p99_ms"], 2.0)
+                if row.get("cpu_vs_nginx") is not None and row.get("workers") == 1:
+                    add(f"{row['relay']}: CPU per chunk at 256 streams / nginx's", row["cpu_vs_nginx"], WHOLE_VS_NGINX)
+                if row.get("relay_only_vs_nginx") is not None and row.get("workers") == 1:
+                    add(
+                        f"{row['relay']}: relay processes' CPU per chunk at 256 streams / nginx's",
+                        row["relay_only_vs_nginx"],
+                        RELAY_VS_NGINX,
+                    )
             if level is levels[-1] and level["streams"] >= 64:
                 add(
                     f"{row['relay']}: memory per stream at {level['streams']} streams (KiB)",
                     row["mem_per_stream_kib"],
                     64.0,
                 )
-    if spec and spec[0].get("cpu_vs_nginx") is not None:
-        add(f"{spec[0]['relay']}: CPU per chunk / nginx's (all processes)", spec[0]["cpu_vs_nginx"], 1.0)
-    if spec and spec[0].get("relay_only_vs_nginx") is not None:
-        add(f"{spec[0]['relay']}: CPU per chunk / nginx's (the relay process)", spec[0]["relay_only_vs_nginx"], 1.0)
+    # the first specproxy row, and the pure-Python one beside a compiled install's (bench/run.py, --floors)
+    for row in [r for i, r in enumerate(spec) if i == 0 or r["relay"].endswith("(pure-Python)")]:
+        if row.get("cpu_vs_nginx") is not None:
+            add(f"{row['relay']}: CPU per chunk / nginx's (all processes)", row["cpu_vs_nginx"], WHOLE_VS_NGINX)
+        if row.get("relay_only_vs_nginx") is not None:
+            add(f"{row['relay']}: CPU per chunk / nginx's (the relay process)", row["relay_only_vs_nginx"], 1.0)
     one = next((r for r in spec if r.get("workers") == 1), None)
     for row in spec:
         n = row.get("workers")

@@ -168,7 +168,8 @@ def _whole_chunk(obj: Any) -> StreamChunk:
     if not isinstance(obj, dict):
         return StreamChunk(kind="non_json", raw=orjson.dumps(obj).decode())
     if "error" in obj and "choices" not in obj:
-        return StreamChunk(kind="error", error=obj["error"], id=obj.get("id"))
+        rid = obj.get("id")
+        return StreamChunk(kind="error", error=obj["error"], id=rid if isinstance(rid, str) else None)
     if obj.get("object") == "error":  # older vLLM ErrorResponse at top level
         return StreamChunk(kind="error", error=obj)
     choices = obj.get("choices")

@@ -48,9 +48,9 @@ class SpanClassifier:
         "_esc",
         "_fence",
         "_head",
+        "_in_code_span",
         "_indent",
         "_indented",
-        "_inline",
         "_last",
         "_math",
         "_pending",
@@ -60,7 +60,7 @@ class SpanClassifier:
 
     def __init__(self) -> None:
         self._fence = False  # inside a fenced code block
-        self._inline = False  # inside an inline code span
+        self._in_code_span = False  # inside an inline code span (not `_inline`: compiled, that is a C keyword)
         self._indented = False  # this line is indented code
         self._head = True  # only white space so far on this line
         self._indent = 0  # leading spaces of this line (capped)
@@ -81,7 +81,7 @@ class SpanClassifier:
         if not text:
             return self._last
         if not self._head and not self._pending and not self._depth and _SPECIAL.search(text) is None:
-            if self._fence or self._indented or self._inline:
+            if self._fence or self._indented or self._in_code_span:
                 kind = CODE
             elif self._math:
                 kind = MATH
@@ -116,7 +116,7 @@ class SpanClassifier:
             if ch == "\t" and not self._bt:
                 self._indent = _INDENT
                 return self._mode_type(WHITESPACE)
-            if ch == "`" and not self._inline and not self._depth and not self._math:
+            if ch == "`" and not self._in_code_span and not self._depth and not self._math:
                 self._bt += 1
                 if self._bt == 3:
                     self._fence = not self._fence
@@ -126,27 +126,27 @@ class SpanClassifier:
             self._head = False
             if self._bt:  # one or two backticks opened or closed inline code
                 if self._bt % 2:
-                    self._inline = not self._inline
+                    self._in_code_span = not self._in_code_span
                 self._bt = 0
             elif (
                 not self._fence
                 and not self._depth
                 and not self._math
-                and not self._inline
+                and not self._in_code_span
                 and self._indent >= _INDENT
                 and self._prev_blank
                 and ch not in "-*+0123456789"
             ):
                 self._indented = True
-            elif ch == "{" and not (self._fence or self._math or self._inline or self._indented or self._depth):
+            elif ch == "{" and not (self._fence or self._math or self._in_code_span or self._indented or self._depth):
                 self._depth = 1
                 self._string = False
                 return JSON
         if self._fence or self._indented:
             return CODE
-        if self._inline:
+        if self._in_code_span:
             if ch == "`":
-                self._inline = False
+                self._in_code_span = False
             return CODE
         if self._depth:
             return self._json_char(ch)
@@ -164,7 +164,7 @@ class SpanClassifier:
             self._math = _BRACKET if ch == "[" else _PAREN
             return MATH
         if ch == "`":
-            self._inline = True
+            self._in_code_span = True
             return CODE
         if ch == "$" or ch == "\\":
             self._pending = ch
@@ -181,7 +181,7 @@ class SpanClassifier:
         self._pending = ""
         if self._math == _DOLLAR:
             self._math = _NO_MATH  # inline math ends with its line
-        self._inline = False
+        self._in_code_span = False
         if self._depth and blank:
             self._depth = 0  # a blank line ends what looked like JSON
         self._prev_blank = blank or self._indented or self._fence
@@ -192,7 +192,7 @@ class SpanClassifier:
         return kind
 
     def _mode_type(self, plain: int) -> int:
-        if self._fence or self._indented or self._inline:
+        if self._fence or self._indented or self._in_code_span:
             return CODE
         if self._depth:
             return JSON

@@ -64,7 +64,7 @@ class Body:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
-            if not self.done:
+            if not self._ended():
                 pieces.clear()
                 raise InvalidResponse(_reason(e)) from None
             past = True  # a byte after the end that llhttp would not skip
@@ -85,7 +85,12 @@ class Body:
             self._run += framing
             if self._run > MAX_CHUNK_LINE:
                 raise InvalidResponse(f"a chunk-size, extension or trailer line over {MAX_CHUNK_LINE} bytes")
-        return body, past if self.done else None
+        return body, past if self._ended() else None
+
+    def _ended(self) -> bool:
+        """``done`` as llhttp's callback left it in ``feed_data``: read through a call, since after ``if self.done``
+        the type checker takes it as False from then on, and the compiled module would too."""
+        return self.done
 
 
 # llhttp's reasons (llhttp/src/native/...: "Invalid character in chunk size" and the like) in the words the rest of
