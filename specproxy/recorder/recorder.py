@@ -191,8 +191,9 @@ class Recorder:
                 )
                 if needed and not event.is_set()
             ]
-            rec = self._record(trace, outcome, error, end_ns, self.ledger.peek(rid), tl, tokenize_failed)
-            if waits and self.held < MAX_HELD and (rec["spec"] or {}).get("source") == "counters":
+            rec = self.build_record(trace, outcome, error, end_ns, self.ledger.peek(rid), tl, tokenize_failed)
+            spec = rec["spec"]
+            if waits and self.held < MAX_HELD and spec is not None and spec["source"] == "counters":
                 early = rec
                 early["flags"].append(CORRECTION_PENDING)
                 self.sink.put(early)
@@ -204,7 +205,7 @@ class Recorder:
                         )
                 finally:
                     self.held -= 1
-                rec = self._record(trace, outcome, error, end_ns, self.ledger.pop(rid), tl, tokenize_failed)
+                rec = self.build_record(trace, outcome, error, end_ns, self.ledger.pop(rid), tl, tokenize_failed)
             else:
                 self.ledger.pop(rid)
         except Exception as e:  # bookkeeping must never lose the record: write what is known
@@ -259,21 +260,6 @@ class Recorder:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self.scraper.request()), self.config.finalize_wait_s)
 
-    def _record(
-        self,
-        trace: Trace,
-        outcome: str,
-        error: str | None,
-        end_ns: int,
-        counters: CounterAttribution | None,
-        tl: TimelineResult | None,
-        tokenize_failed: bool,
-    ) -> Record:
-        rec = self.build_record(trace, outcome, error, end_ns, counters, tl)
-        if tokenize_failed:
-            rec["flags"].append("server_tokenize_failed")
-        return rec
-
     def build_record(
         self,
         trace: Trace,
@@ -282,6 +268,7 @@ class Recorder:
         end_ns: int,
         counters: CounterAttribution | None,
         tl: TimelineResult | None,
+        tokenize_failed: bool = False,
     ) -> Record:
         meta = trace.meta
         if outcome == "ok" and tl is not None and tl.error is not None:
@@ -311,6 +298,8 @@ class Recorder:
             )
         )
         flags = [*rec["flags"], *tl.flags, *choice.flags]
+        if tokenize_failed:
+            flags.append("server_tokenize_failed")
         if closed_at_end:
             flags.append("client_closed_at_end")
         if tl.stream and outcome == "ok" and not tl.done:
