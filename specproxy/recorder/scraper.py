@@ -75,6 +75,9 @@ QUIET_S = 0.5  # after the last request ends, the engine quiet this long: one sc
 # is the flight of the recent ones over it (a render that takes 5 ms keeps them 250 ms apart), and it rises by itself
 # when a busy engine answers late, which is when a scrape delays its streams most.
 SCRAPE_DUTY = 0.02
+# ... up to this floor: a flight that long is mostly the engine's queue, not its render, and a record waits for its
+# closing scrape (finalize_wait_s) no longer than a few such floors
+MAX_GAP_S = 0.5
 FLIGHT_WEIGHT = 0.2  # the newest flight's weight in the running mean the floor follows
 
 
@@ -272,8 +275,8 @@ class Scraper:
     @property
     def gap_s(self) -> float:
         """The floor between two scrapes' starts: ``min_gap_s``, or more where a scrape's flight is long
-        (:data:`SCRAPE_DUTY`)."""
-        return max(self.min_gap_s, (self.flight_s or 0.0) / SCRAPE_DUTY)
+        (:data:`SCRAPE_DUTY`, up to :data:`MAX_GAP_S`)."""
+        return max(self.min_gap_s, min(MAX_GAP_S, (self.flight_s or 0.0) / SCRAPE_DUTY))
 
     async def _await_arrival(self) -> None:
         """Up to ``arrival_wait_s`` for a request to arrive (its prefill then holds the scrape back in turn)."""
