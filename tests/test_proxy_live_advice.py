@@ -92,9 +92,10 @@ async def test_the_proxy_checks_the_engines_schedule_per_band_of_requests_in_fli
             # requests that decoded at the waves' edges may land in bands too small to speak
             # (and on a busy host a wave's last request may decode alone: band 1 then has more than the first 6)
             # (and the requests' figures come with the scrapes that cover them: a band is judged once it has some)
+            # (and on a very busy host one of the first 6 may be seen to overlap its neighbour: band 2, too small)
             if (
                 "1" in bands
-                and bands["1"]["requests"] >= 6
+                and bands["1"]["requests"] >= 5
                 and bands["1"]["draft_k"] is not None
                 and sum(b["requests"] for b in bands.values()) >= 20
             ):
