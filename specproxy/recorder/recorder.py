@@ -191,7 +191,9 @@ class Recorder:
                 )
                 if needed and not event.is_set()
             ]
-            rec = self.build_record(trace, outcome, error, end_ns, self.ledger.peek(rid), tl, tokenize_failed)
+            # the share as it stands; kept in the ledger only while a correction may follow
+            counters = self.ledger.peek(rid) if waits else self.ledger.pop(rid)
+            rec = self.build_record(trace, outcome, error, end_ns, counters, tl, tokenize_failed)
             spec = rec["spec"]
             if waits and self.held < MAX_HELD and spec is not None and spec["source"] == "counters":
                 early = rec
@@ -206,7 +208,7 @@ class Recorder:
                 finally:
                     self.held -= 1
                 rec = self.build_record(trace, outcome, error, end_ns, self.ledger.pop(rid), tl, tokenize_failed)
-            else:
+            elif waits:
                 self.ledger.pop(rid)
         except Exception as e:  # bookkeeping must never lose the record: write what is known
             log.exception("building the record of %s failed", rid)
