@@ -15,6 +15,7 @@ from specproxy.attribution.intervals import (
     Evidence,
     Interval,
     cut,
+    fill,
     step_quota,
 )
 
@@ -271,3 +272,44 @@ def test_shares_computed_once_per_model_state_equal_those_computed_each_time() -
     assert cached.accepted_share("i1", other, 1) == cached.accepted_share("i1", coef, 1)  # the same state: kept
     assert cached.accepted_share("i1", other, 2) == fresh.accepted_share("i1", other)  # moved on
     assert cached.accepted_share("i1", other, 2) != cached.accepted_share("i1", coef, None)
+
+
+def test_fill_shares_by_weight_and_gives_what_a_capped_member_cannot_take_to_the_others() -> None:
+    assert fill(6, {"a": 1, "b": 2}, {"a": 10, "b": 10}) == pytest.approx({"a": 2, "b": 4})
+    # "b" would take 8 of 12 but has room for 5: the 7 left go to "a" and "c" by their weights
+    out = fill(12, {"a": 1, "b": 4, "c": 1}, {"a": 10, "b": 5, "c": 10})
+    assert out == pytest.approx({"a": 3.5, "b": 5, "c": 3.5})
+    # more than every cap: each at its cap, the rest cannot be placed; no weight, nothing
+    assert fill(30, {"a": 1, "b": 1}, {"a": 4, "b": 6}) == pytest.approx({"a": 4, "b": 6})
+    assert fill(5, {"a": 0, "b": 1}, {"a": 4, "b": 6}) == pytest.approx({"a": 0, "b": 5})
+    assert fill(0, {"a": 1}, {"a": 4}) == {"a": 0}
+
+
+def test_hidden_drafts_beyond_a_members_one_token_steps_go_to_the_others() -> None:
+    # "a" weighs far more than "b" but has 2 one-token steps: it takes 2 and "b" the other 4, none lost
+    members = {"a": _act(2, 2, exact=True), "b": _act(10, 10, exact=True)}
+    iv = Interval(SpecCounts(accepted=0, drafts=6, draft_tokens=18), members, {"a": "ja", "b": "code"})
+    weights = _weights({"code": 0.75, "ja": 0.25}, {"code": 0.05, "ja": 0.3})
+    a, b = iv.draft_share("a", weights, True)[0], iv.draft_share("b", weights, True)[0]
+    assert a == pytest.approx(2) and b == pytest.approx(4)
+
+
+def test_members_that_end_under_different_models_still_take_the_whole_delta() -> None:
+    # "a" ends while the drafting model favours code, "b" and "c" after it moved to favour ja: each share is computed
+    # with the model of its own moment, and yet the three add up to the delta, since each later member shares what
+    # the ones before left
+    members = {"a": _act(8, 8, exact=True), "b": _act(8, 8, exact=True), "c": _act(8, 8, exact=True)}
+    workloads = {"a": "code", "b": "ja", "c": "ja"}
+    iv = Interval(SpecCounts(accepted=0, drafts=9, draft_tokens=27), members, workloads)
+    before = _weights({"code": 0.5, "ja": 0.5}, {"code": 0.6, "ja": 0.1})
+    after = _weights({"code": 0.5, "ja": 0.5}, {"code": 0.1, "ja": 0.6})
+    a = iv.draft_share("a", before, True, version=1, take=True)[0]
+    peeked = iv.draft_share("b", after, True, version=2)[0]  # a look that takes nothing
+    b = iv.draft_share("b", after, True, version=2, take=True)[0]
+    c = iv.draft_share("c", after, True, version=2, take=True)[0]
+    assert a > 4.5 and peeked == pytest.approx(b) and b == pytest.approx(c)
+    assert a + b + c == pytest.approx(9)
+    # computed each with its own model and nothing taken, the shares over-count the delta
+    fresh = Interval(iv.delta, members, workloads)
+    untaken = fresh.draft_share("a", before, True, version=1)[0] + 2 * fresh.draft_share("b", after, True, version=2)[0]
+    assert untaken > 9.5

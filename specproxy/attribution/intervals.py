@@ -191,6 +191,28 @@ def step_quota(engine_steps: float | None, owed: int, available: int, in_flight:
     return None, 0
 
 
+def fill(amount: float, shares: Mapping[str, float], caps: Mapping[str, float]) -> dict[str, float]:
+    """``amount`` shared in proportion to ``shares``, none above its cap: what a member at its cap cannot take goes
+    to the others, still in proportion to their shares (water filling), so the parts add up to ``amount`` unless
+    every member is at its cap. Members are taken in order of cap per share, so it costs O(n log n)."""
+    out = dict.fromkeys(shares, 0.0)
+    left, weight = amount, sum(v for v in shares.values() if v > 0)
+    order = sorted((m for m, v in shares.items() if v > 0), key=lambda m: max(0.0, caps[m]) / shares[m])
+    for i, m in enumerate(order):
+        if left <= 0 or weight <= 0:
+            break
+        part = left * shares[m] / weight
+        cap = max(0.0, caps[m])
+        if part < cap:  # the rest are further from their caps: each takes its proportion of what is left
+            for r in order[i:]:
+                out[r] = left * shares[r] / weight
+            break
+        out[m] = cap
+        left -= cap
+        weight -= shares[m]
+    return out
+
+
 @dataclass(slots=True)
 class Interval:
     """One settled scrape interval; its delta is shared out when each member request ends."""
@@ -206,7 +228,12 @@ class Interval:
     evidence: dict[str, Evidence] = field(default_factory=dict)
     # what sharing needs, computed once per state of the models (``version``) rather than once per member: a member's
     # share is then a lookup, and an interval of n requests costs O(n), not O(n^2), to share out
-    _draft_plan: tuple[int, float, dict[str, float], float] | None = field(default=None, init=False, repr=False)
+    _draft_plan: tuple[int, dict[str, float]] | None = field(default=None, init=False, repr=False)
+    # the drafts hidden in one-token steps not yet taken by a member that ended (None: none taken yet), and who took:
+    # each member takes its part once, at the models' state when it ends, and the next share what is left, so the
+    # members' drafts add up to the delta's even when the models moved between their ends
+    _draft_pool: float | None = field(default=None, init=False, repr=False)
+    _draft_taken: set[str] = field(default_factory=set, init=False, repr=False)
     _accept_plan: tuple[int, _AcceptPlan] | None = field(default=None, init=False, repr=False)
     steps: float = field(init=False)  # the members' decode steps
     known_drafted: float = field(init=False)  # ... of them known to have drafted
@@ -267,7 +294,7 @@ class Interval:
 
     # -- shares ----------------------------------------------------------------------------------------------------
     def draft_share(
-        self, rid: str, weights: DraftWeights | None, partial: bool, version: int | None = None
+        self, rid: str, weights: DraftWeights | None, partial: bool, version: int | None = None, take: bool = False
     ) -> tuple[float, float]:
         """This request's drafts and draft tokens in the interval.
 
@@ -277,8 +304,12 @@ class Interval:
         share of the request's steps that brought several tokens and its workload's first draft position's
         acceptance (``weights``, fitted across intervals: :class:`~specproxy.attribution.fit.DraftModel`; see
         :meth:`Evidence.hidden_rate`). The remaining drafts are shared by one-token steps weighted so, with each
-        member's evidence as it stands now (its whole life, for a member that has ended). Draft tokens follow
-        drafts. ``version``: the models' state; the weights are computed once per version.
+        member's evidence as it stands now (its whole life, for a member that has ended), none taking more than its
+        one-token steps: what one cannot take goes to the others (:func:`fill`). ``take``: the member has ended and
+        keeps this share; those after it share what it left, so the members' drafts add up to the delta's however the
+        models moved between their ends. Draft tokens follow drafts. ``version``: the models' state; the weights are
+        computed once per version (a member taking its part leaves the others' parts as they were: water filling
+        what remains gives each the same).
         """
         drafts = self.delta.drafts
         me = self.members[rid]
@@ -288,19 +319,25 @@ class Interval:
         else:
             plan = self._draft_plan
             if plan is None or version is None or plan[0] != version:
-                rest = max(0.0, drafts - self.known_drafted)
+                pool = self._draft_pool
+                rest = max(0.0, drafts - self.known_drafted) if pool is None else pool
+                open_ = {m: a for m, a in self.members.items() if m not in self._draft_taken}
                 w = weights or DraftWeights()
                 shares = {
                     m: w.weight(self.workloads.get(m, ""), self.evidence.get(m) or Evidence(exact=a.exact), a.unknown)
-                    for m, a in self.members.items()
+                    for m, a in open_.items()
                 }
-                total = sum(shares.values())
-                if total <= 0:
-                    shares = {m: a.unknown for m, a in self.members.items()}
-                    total = sum(shares.values())
-                plan = self._draft_plan = (-1 if version is None else version, rest, shares, total)
-            _, rest, shares, total = plan
-            mine = min(me.steps, me.known_drafted + (rest * shares[rid] / total if total > 0 else 0.0))
+                if sum(shares.values()) <= 0:
+                    shares = {m: a.unknown for m, a in open_.items()}
+                caps = {m: a.unknown for m, a in open_.items()}
+                plan = self._draft_plan = (-1 if version is None else version, fill(rest, shares, caps))
+            extra = plan[1].get(rid, 0.0)
+            if take and rid not in self._draft_taken:
+                pool = self._draft_pool
+                rest = max(0.0, drafts - self.known_drafted) if pool is None else pool
+                self._draft_pool = max(0.0, rest - extra)
+                self._draft_taken.add(rid)
+            mine = me.known_drafted + extra
         tokens = self.delta.draft_tokens * mine / drafts if drafts else 0.0
         return mine, tokens
 

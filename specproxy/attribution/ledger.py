@@ -301,7 +301,7 @@ class CounterLedger:
         if r is None:
             return None
         r.incomplete = r.incomplete or self.pending_for(rid)  # some of its steps were never covered by a delta
-        return self._share(rid, r, r.incomplete)
+        return self._share(rid, r, r.incomplete, take=True)
 
     def peek(self, rid: str) -> CounterAttribution | None:
         """The figures :meth:`pop` would give now, the request kept: what a record written before its model is
@@ -309,7 +309,9 @@ class CounterLedger:
         r = self._req.get(rid)
         return None if r is None else self._share(rid, r, r.incomplete or self.pending_for(rid))
 
-    def _share(self, rid: str, r: _Request, incomplete: bool) -> CounterAttribution | None:
+    def _share(self, rid: str, r: _Request, incomplete: bool, take: bool = False) -> CounterAttribution | None:
+        """This request's figures; ``take``: it is leaving the ledger, and its part of each interval's modelled
+        drafts is its for good (:meth:`Interval.draft_share`)."""
         if not r.intervals:
             return None
         version, coef, partial, weights = self._models()
@@ -321,7 +323,7 @@ class CounterLedger:
             r.intervals[-1].truncated.add(rid)
         mine = SpecCounts()
         for interval in r.intervals:
-            drafts, draft_tokens = interval.draft_share(rid, weights, partial, version)
+            drafts, draft_tokens = interval.draft_share(rid, weights, partial, version, take)
             accepted, pos = interval.accepted_share(rid, coef, version)
             mine = mine + SpecCounts(accepted, drafts, draft_tokens, tuple(pos))
         est = SpecEstimate(
