@@ -254,10 +254,11 @@ def _check_shares(who: str, recs: list[Record], totals: dict[str, Any]) -> None:
     assert merged >= 0 and len(counted) >= len(recs) - 2
     assert server == totals["accepted"]
     # Not exact (measured here, 12 requests at concurrency 4 on a busy 2-core machine: accepted +4.4 to +4.5 %;
-    # docs/real-engine.md), but close; drafts within 3 % through the proxy (0.1-2.0 % under the delta in ten
-    # runs, quiet and busy, 2026-12-03). The load generator reads in the process that drives the
-    # requests and lags on a busy host: its late chunks meet other intervals' deltas, and one busy run of 16
-    # shared 4.2 % fewer drafts than the delta
+    # docs/real-engine.md), but close; drafts within 3 % through the proxy (each request takes its part of an
+    # interval's hidden drafts once, so the parts add up to the delta: docs/attribution.md; what is left is requests
+    # whose chunks a busy host read too late for their interval). The load generator reads in the process that
+    # drives the requests and lags on a busy host: its late chunks meet other intervals' deltas, and one busy run of
+    # 16 shared 4.2 % fewer drafts than the delta
     drafts_bound = 0.03 if who == "proxy" else 0.05
     for key, bound in (("accepted", 0.08), ("drafts", drafts_bound), ("draft_tokens", drafts_bound)):
         assert attributed[key] == pytest.approx(totals[key], rel=bound, abs=merged), (who, key, attributed, totals)
@@ -427,8 +428,8 @@ async def test_the_openai_client_streams_through_the_proxy_unchanged(ngram_engin
 
 async def test_a_client_that_disconnects_aborts_the_engine_request(ngram_engine: RealEngine, tmp_path: Path) -> None:
     record = tmp_path / "proxy.jsonl"
-    # as long as the context allows, on a prompt ngram finds few drafts in (about one token a step): unless aborted
-    # it decodes for many seconds even on a fast host, so a count short of max_tokens can only be an abort
+    # as long as the context allows: unless aborted it decodes for many seconds even on a fast host, so a count short
+    # of max_tokens can only be an abort
     max_tokens = 1900
     body = _body("Tell me a long story about a lighthouse keeper.", max_tokens, ignore_eos=True)
     loop = asyncio.get_running_loop()
@@ -465,9 +466,11 @@ async def test_a_client_that_disconnects_aborts_the_engine_request(ngram_engine:
     assert left == 0, f"still decoding {gone_after:.1f} s after the client left; {seen_by_proxy}"
     assert after.generation_tokens is not None and before.generation_tokens is not None
     decoded = after.generation_tokens - before.generation_tokens
-    # aborted, not left decoding its tokens: what was decoded while the client read and the gauge was asked, and
-    # in the moment the abort took
-    assert decoded < max_tokens / 2, f"{decoded:.0f} tokens decoded, {gone_after:.1f} s to go; {seen_by_proxy}"
+    # aborted, not run to its end: nothing is left running, and fewer than max_tokens were decoded (ignore_eos: a
+    # request left to run decodes every one). How many came before the client left depends on the host's speed and
+    # on how often ngram matches the reply (a repetitive story brings several tokens a step): one CI host decoded
+    # 1,140 before the abort
+    assert decoded < max_tokens, f"{decoded:.0f} tokens decoded, {gone_after:.1f} s to go; {seen_by_proxy}"
 
 
 MATRIX_PROMPTS = {  # (workload, prompts): short, so that the matrix and the manual method fit in about a minute
