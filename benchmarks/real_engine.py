@@ -36,6 +36,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -263,6 +264,8 @@ def ok(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class Harness:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
+        if args.work:
+            Path(args.work).mkdir(parents=True, exist_ok=True)
         self.dir = Path(tempfile.mkdtemp(prefix="real-engine-", dir=args.work))
         self.results: dict[str, Any] = {
             "machine": machine(),
@@ -274,12 +277,28 @@ class Harness:
         self.subsets = subsets(self.dir, args.accept_requests)
 
     def proxy_args(self) -> list[str]:
-        return [*self.proxy_args()] if self.a.workers else []
+        return ["--workers", str(self.a.workers)] if self.a.workers else []
 
     def save(self) -> None:
         tmp = Path(str(self.a.out) + ".part")
         tmp.write_text(json.dumps(self.results, indent=1, default=str))
         tmp.replace(self.a.out)
+
+    def archive(self) -> Path | None:
+        """The records of the phases that judge attribution (every file but the overhead's and the burst's, which
+        are many and judged by counts), beside the results file: what explains a figure once the engines are gone."""
+        keep = [
+            f
+            for f in sorted(self.dir.rglob("*.jsonl"))
+            if not f.name.startswith(("overhead-", "warm-", "oh-", "burst"))
+        ]
+        if not keep:
+            return None
+        out = records_archive(Path(self.a.out))
+        with tarfile.open(out, "w:gz") as tar:
+            for f in keep:
+                tar.add(f, arcname=str(f.relative_to(self.dir)))
+        return out
 
     def log(self, msg: str) -> None:
         sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {msg}\n")
@@ -767,15 +786,25 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return a
 
 
+def records_archive(out: Path) -> Path:
+    """Where the records of a results file go: ``results.json`` -> ``results-records.tar.gz``."""
+    return out.with_name(f"{out.stem}-records.tar.gz")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     a = parse(argv)
-    h = Harness(a)
+    try:
+        h = Harness(a)
+    except (HarnessError, OSError) as e:
+        sys.stderr.write(f"python -m benchmarks.real_engine: error: {e}\n")
+        return 2
     for name in a.phases.split(","):
         h.phase(name, getattr(h, name))
     h.results["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     h.save()
+    kept = h.archive()
     failed = [n for n, s in h.results["phases"].items() if "error" in s]
-    h.log(f"wrote {a.out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    h.log(f"wrote {a.out}" + (f" and {kept}" if kept else "") + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 

@@ -1,0 +1,76 @@
+"""benchmarks/real_engine.py, the harness a GPU run uses, run as its users run it, on two simulators in place of
+the engines: every phase it is asked for completes, its figures add up, and the records that explain them come back
+beside the results file. (A GPU machine's time is scarce: a harness that breaks there costs the run.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks.real_engine import records_archive
+from tests.simutil import sim_process
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+async def _harness(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "benchmarks.real_engine",
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_the_harness_runs_its_phases_and_keeps_the_records(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    async with (
+        sim_process("--spec-method", "none", "--speed", "20") as base,
+        sim_process("--spec-method", "ngram", "--speed", "20") as ngram,
+    ):
+        rc, printed = await _harness(
+            "--base", base, "--ngram", ngram, "--out", str(out),
+            "--phases", "overhead,acceptance,matrix",
+            "--concurrency", "2", "--min-requests", "4", "--accept-requests", "4", "--mixed-concurrency", "4",
+            "--matrix-requests", "2",
+            # relay processes of its own (a folder for the records that does not exist yet)
+            "--workers", "2", "--work", str(tmp_path / "records" / "here"),
+        )  # fmt: skip
+    assert rc == 0, printed
+    doc = json.loads(out.read_text())
+    phases = doc["phases"]
+    assert set(phases) == {"overhead", "acceptance", "matrix"}
+    assert not [name for name, section in phases.items() if "error" in section], phases
+    oh = phases["overhead"]["c2"]
+    assert oh["direct"]["errors"] == 0 and oh["proxy"]["errors"] == 0 and oh["proxy"]["requests"] >= 4
+    mixed = phases["acceptance"]["ngram"]["mixed"]["c4"]
+    # the records' counter shares add up to what the engine counted in the mixed run
+    assert mixed["counters_shares_sum"]["draft_tokens"] == pytest.approx(
+        mixed["engine_delta"]["draft_tokens"], rel=0.02
+    )
+    assert {w: m["requests"] for w, m in mixed["workloads"].items()} == {"code_agent": 4, "ja_chat": 4}
+    assert phases["matrix"]["ngram/code_agent"]["matrix"]["requests"] == 2
+    with tarfile.open(records_archive(out)) as tar:
+        names = set(tar.getnames())
+    assert {"mixed-ngram-c4.jsonl", "alone-ngram-ja_chat.jsonl"} <= names
+    assert not [n for n in names if n.startswith(("oh-", "overhead-"))]  # the overhead's many records stay behind
+
+
+async def test_a_request_the_harness_cannot_serve_is_a_clear_error(tmp_path: Path) -> None:
+    rc, printed = await _harness(
+        "--base", "http://127.0.0.1:9", "--accept-requests", "100000", "--out", str(tmp_path / "r.json")
+    )  # fmt: skip
+    assert rc == 2 and "Traceback" not in printed, printed
+    assert "fewer than 100000" in printed
