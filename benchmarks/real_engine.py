@@ -410,7 +410,9 @@ class Harness:
             "vllm_api_server_through_proxy": per_k(cpu["api_proxy_s"], cpu["api_proxy_events"]),
             "raw": cpu,
         }
-        fig["proxy_status"] = {k: status.get(k) for k in ("records", "bookkeeping", "relays", "shed") if k in status}
+        # "engine": its scrapes (how many, their flight and the gap kept between them), a cost to vLLM's API server
+        keep = ("records", "bookkeeping", "relays", "shed", "engine")
+        fig["proxy_status"] = {k: status.get(k) for k in keep if k in status}
         return fig
 
     # acceptance -------------------------------------------------------------------------------------------------------
@@ -457,6 +459,7 @@ class Harness:
                     max_tokens=self.a.max_tokens,
                     seed=7,
                 )
+                engine = p.status().get("engine")  # its scrapes, intervals and whether its models settled
             total = delta(asyncio.run(settled_counters(url)), before)
             recs = ok(inference(self.dir / f"mixed-{name}-c{c}.jsonl"))
             by_w: dict[str, Any] = {}
@@ -469,7 +472,12 @@ class Harness:
                 ref = alone[w]["acceptance"]
                 by_w[w]["chosen_minus_alone_points"] = (chosen - ref) * 100 if chosen is not None and ref else None
             shares = {k: sum(source_rates([r], "counters")[k] or 0 for r in recs) for k in ("accepted", "draft_tokens")}
-            mixed[f"c{c}"] = {"workloads": by_w, "engine_delta": rates(total), "counters_shares_sum": shares}
+            mixed[f"c{c}"] = {
+                "workloads": by_w,
+                "engine_delta": rates(total),
+                "counters_shares_sum": shares,
+                "proxy_engine_status": engine,
+            }
         return {"alone_c1": alone, "mixed": mixed, "chunks_vs_counters_c1": agree}
 
     # matrix -----------------------------------------------------------------------------------------------------------

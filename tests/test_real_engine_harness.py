@@ -61,6 +61,9 @@ async def test_the_harness_runs_its_phases_and_keeps_the_records(tmp_path: Path)
         mixed["engine_delta"]["draft_tokens"], rel=0.02
     )
     assert {w: m["requests"] for w, m in mixed["workloads"].items()} == {"code_agent": 4, "ja_chat": 4}
+    # what explains a share: how the proxy scraped, and whether its models had settled
+    assert mixed["proxy_engine_status"]["scrapes_ok"] >= 1 and "models_stable" in mixed["proxy_engine_status"]
+    assert oh["proxy_status"]["engine"]["scrapes_ok"] >= 1
     assert phases["matrix"]["ngram/code_agent"]["matrix"]["requests"] == 2
     with tarfile.open(records_archive(out)) as tar:
         names = set(tar.getnames())
