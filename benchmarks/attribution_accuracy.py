@@ -1,6 +1,8 @@
 """How close counter attribution comes to the simulator's truth, for one mixed ja_chat / code_agent run.
 
     python -m benchmarks.attribution_accuracy --concurrency 32 --requests 160 --seed 7 --spec-method ngram
+    python -m benchmarks.attribution_accuracy --concurrency 16 --requests 48 --speed 40 \
+        --profiles benchmarks/profiles/gpu-smollm2-ngram.json     # shaped like the GPU run (docs/real-engine.md)
 
 The same run as ``tests/test_proxy_sim_attribution.py``'s (the simulator in its own process, the proxy in this one),
 with the figures the test bounds printed: per-workload acceptance from the records against the truth, and the mean
@@ -25,6 +27,8 @@ async def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--spec-method", default="ngram")
     p.add_argument("--no-usage", action="store_true", help="clients that do not ask for usage (approximate counts)")
+    p.add_argument("--speed", type=float, default=1.0, help="the simulator's time compression (GPU-like: 20-40)")
+    p.add_argument("--profiles", help="the simulator's acceptance profiles (JSON; see specproxy sim --profiles)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the lines (for the tests)")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
@@ -34,7 +38,13 @@ async def main() -> None:
             concurrency=a.concurrency,
             n=a.requests,
             seed=a.seed,
-            sim_args=("--spec-method", a.spec_method),
+            sim_args=(
+                "--spec-method",
+                a.spec_method,
+                "--speed",
+                str(a.speed),
+                *(("--profiles", a.profiles) if a.profiles else ()),
+            ),
         )
     m, t = _rates(measured), _rates(true)
     counted = [r for r in recs if r["spec"]["estimates"].get("counters")]
@@ -51,8 +61,16 @@ async def main() -> None:
         }
         print(json.dumps(doc))
         return
+    # the counters' share alone, whichever source the records chose (a real engine's ngram records take it)
+    by_w: dict[str, dict[str, float]] = {}
+    for r in counted:
+        c = by_w.setdefault(r["workload"], {"accepted": 0.0, "draft_tokens": 0.0})
+        c["accepted"] += r["spec"]["estimates"]["counters"]["accepted"]
+        c["draft_tokens"] += r["spec"]["estimates"]["counters"]["draft_tokens"]
+    shares = _rates(by_w)
     for w in sorted(t):
-        print(f"{w:12s} acceptance {m[w]:.4f}  truth {t[w]:.4f}  off by {100 * (m[w] - t[w]):+.1f} points")
+        print(f"{w:12s} acceptance {m[w]:.4f}  truth {t[w]:.4f}  off by {100 * (m[w] - t[w]):+.1f} points", end="")
+        print(f"  (counters' share {shares[w]:.4f}, {100 * (shares[w] - t[w]):+.1f})" if w in shares else "")
     if total:
         print(f"per-request drafts: mean error {err / len(counted):.2f}, {100 * err / total:.1f} % of all drafts")
 
