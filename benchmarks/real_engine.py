@@ -507,11 +507,19 @@ class Harness:
                 bodies = [dict(r["request"]) for r in mine]
                 hand = asyncio.run(by_hand(url, bodies))
                 m_rates = [r["decode_tok_s"] for r in mine if r["decode_tok_s"]]
-                m_acc = source_rates(mine, "chosen")["acceptance"]
+                chosen = source_rates(mine, "chosen")
+                m_acc = chosen["acceptance"]
                 h_med = statistics.median(hand["tok_s"]) if hand["tok_s"] else None
                 m_med = statistics.median(m_rates) if m_rates else None
                 out[f"{label}/{w}"] = {
-                    "matrix": {"acceptance": m_acc, "decode_tok_s_median": m_med, "requests": len(mine)},
+                    "matrix": {
+                        "acceptance": m_acc,
+                        "decode_tok_s_median": m_med,
+                        "requests": len(mine),
+                        # records with a speculative figure: the acceptance is theirs, by hand is every request's
+                        "with_figure": chosen["records"],
+                        "sources": sorted({str((r.get("spec") or {}).get("source")) for r in mine}),
+                    },
                     "by_hand": {"acceptance": hand["acceptance"], "decode_tok_s_median": h_med},
                     "acceptance_diff": m_acc - hand["acceptance"]
                     if m_acc is not None and hand["acceptance"] is not None

@@ -64,7 +64,8 @@ async def test_the_harness_runs_its_phases_and_keeps_the_records(tmp_path: Path)
     # what explains a share: how the proxy scraped, and whether its models had settled
     assert mixed["proxy_engine_status"]["scrapes_ok"] >= 1 and "models_stable" in mixed["proxy_engine_status"]
     assert oh["proxy_status"]["engine"]["scrapes_ok"] >= 1
-    assert phases["matrix"]["ngram/code_agent"]["matrix"]["requests"] == 2
+    ngram_code = phases["matrix"]["ngram/code_agent"]["matrix"]
+    assert ngram_code["requests"] == 2 and ngram_code["with_figure"] == 2 and ngram_code["sources"]
     with tarfile.open(records_archive(out)) as tar:
         names = set(tar.getnames())
     assert {"mixed-ngram-c4.jsonl", "alone-ngram-ja_chat.jsonl"} <= names
