@@ -313,3 +313,40 @@ def test_members_that_end_under_different_models_still_take_the_whole_delta() ->
     fresh = Interval(iv.delta, members, workloads)
     untaken = fresh.draft_share("a", before, True, version=1)[0] + 2 * fresh.draft_share("b", after, True, version=2)[0]
     assert untaken > 9.5
+
+
+def test_inexact_members_that_end_under_different_models_take_the_whole_remainder() -> None:
+    # "j" ends while the model says ja accepts little, "c" after it moved: each share is computed with the model of
+    # its moment, and the two still add up to what the exact member leaves, per position too
+    members = {"e": _act(4, 6, exact=True, pos=[2]), "j": _act(10, 14, exact=False), "c": _act(10, 25, exact=False)}
+    delta = SpecCounts(accepted=32, drafts=24, draft_tokens=24, per_position=(32.0,))
+    workloads = {"e": "x", "j": "ja", "c": "code"}
+    iv = Interval(delta, members, workloads)
+    before, after = {"ja": (0.5, 0.0), "code": (1.0, 0.0)}, {"ja": (1.0, 0.0), "code": (0.5, 0.0)}
+    exact = iv.accepted_share("e", after, version=2, take=True)
+    j, j_pos = iv.accepted_share("j", before, version=1, take=True)
+    peeked = iv.accepted_share("c", after, version=2)[0]  # a look takes nothing
+    c, c_pos = iv.accepted_share("c", after, version=2, take=True)
+    assert exact == (2, [2]) and j == pytest.approx(10) and peeked == pytest.approx(c)
+    assert j + c == pytest.approx(30) and j_pos[0] + c_pos[0] == pytest.approx(30)
+    # computed each with its own model and nothing taken, the shares miss a third of the remainder
+    fresh = Interval(delta, members, workloads)
+    assert fresh.accepted_share("j", before, 1)[0] + fresh.accepted_share("c", after, 2)[0] == pytest.approx(20)
+
+
+def test_once_the_inexact_members_took_theirs_a_max_tokens_cut_takes_no_tail() -> None:
+    # the remainder belonged to the inexact member: an exact member cut by max_tokens asking after it does not get it
+    members = {"e": _act(4, 6, exact=True, pos=[2]), "j": _act(10, 14, exact=False)}
+    delta = SpecCounts(accepted=8, drafts=14, draft_tokens=14, per_position=(8.0,))
+    iv = Interval(delta, members, {"e": "x", "j": "ja"}, truncated={"e"})
+    assert iv.accepted_share("j", {}, version=1, take=True)[0] == pytest.approx(6)
+    assert iv.accepted_share("e", {}, version=2, take=True)[0] == 2
+
+
+def test_more_steps_known_to_have_drafted_than_the_delta_counted_shrink_to_it() -> None:
+    # a busy reader stamped some chunks late: 6 multi-token steps fell in an interval whose delta counted 4 drafts
+    members = {"a": _act(6, 12, exact=True, multi=4), "b": _act(4, 6, exact=True, multi=2)}
+    iv = Interval(SpecCounts(accepted=8, drafts=4, draft_tokens=12), members, {"a": "code", "b": "ja"})
+    weights = _weights({"code": 0.5, "ja": 0.5}, {"code": 0.3, "ja": 0.3})
+    a, b = (iv.draft_share(m, weights, True, version=1, take=True)[0] for m in ("a", "b"))
+    assert a == pytest.approx(4 * 4 / 6) and b == pytest.approx(4 * 2 / 6) and a + b == pytest.approx(4)

@@ -234,6 +234,9 @@ class Interval:
     # members' drafts add up to the delta's even when the models moved between their ends
     _draft_pool: float | None = field(default=None, init=False, repr=False)
     _draft_taken: set[str] = field(default_factory=set, init=False, repr=False)
+    # the same for the accepted tokens the inexact members share: what is left of them (total, per position)
+    _accept_pool: tuple[float, list[float]] | None = field(default=None, init=False, repr=False)
+    _accept_taken: set[str] = field(default_factory=set, init=False, repr=False)
     _accept_plan: tuple[int, _AcceptPlan] | None = field(default=None, init=False, repr=False)
     steps: float = field(init=False)  # the members' decode steps
     known_drafted: float = field(init=False)  # ... of them known to have drafted
@@ -305,7 +308,8 @@ class Interval:
         acceptance (``weights``, fitted across intervals: :class:`~specproxy.attribution.fit.DraftModel`; see
         :meth:`Evidence.hidden_rate`). The remaining drafts are shared by one-token steps weighted so, with each
         member's evidence as it stands now (its whole life, for a member that has ended), none taking more than its
-        one-token steps: what one cannot take goes to the others (:func:`fill`). ``take``: the member has ended and
+        one-token steps: what one cannot take goes to the others (:func:`fill`); where the steps known to have drafted
+        outnumber the delta's drafts, the known parts shrink to it. ``take``: the member has ended and
         keeps this share; those after it share what it left, so the members' drafts add up to the delta's however the
         models moved between their ends. Draft tokens follow drafts. ``version``: the models' state; the weights are
         computed once per version (a member taking its part leaves the others' parts as they were: water filling
@@ -337,12 +341,16 @@ class Interval:
                 rest = max(0.0, drafts - self.known_drafted) if pool is None else pool
                 self._draft_pool = max(0.0, rest - extra)
                 self._draft_taken.add(rid)
-            mine = me.known_drafted + extra
+            # more steps known to have drafted than the engine counted drafts: some of those steps' drafts were
+            # counted in a neighbouring interval (a busy reader stamps chunks late), where they will be missing.
+            # The delta is the truth here: the known parts shrink to it, so the shares still add up to it
+            known = me.known_drafted * min(1.0, drafts / self.known_drafted) if self.known_drafted else 0.0
+            mine = known + extra
         tokens = self.delta.draft_tokens * mine / drafts if drafts else 0.0
         return mine, tokens
 
     def accepted_share(
-        self, rid: str, coef: Mapping[str, tuple[float, float]], version: int | None = None
+        self, rid: str, coef: Mapping[str, tuple[float, float]], version: int | None = None, take: bool = False
     ) -> tuple[float, list[float]]:
         """This request's accepted tokens and per-position counts in the interval.
 
@@ -351,7 +359,9 @@ class Interval:
         predicts them here (or by steps without a model), within a workload by text beyond one token per step (an
         approximate count, but the same tokenizer for the same kind of text), else by steps. With no inexact
         member, what remains is the unemitted tail of a max_tokens cut, when a member ended so. ``version``: the
-        acceptance model's state; what does not depend on the member is computed once per version.
+        acceptance model's state; what does not depend on the member is computed once per version. ``take``: an
+        inexact member has ended and keeps its share; those after it share what it left (as with drafts), so the
+        shares add up to the delta however the model moved between their ends.
         """
         k = len(self.delta.per_position)
         me = self.members[rid]
@@ -372,7 +382,13 @@ class Interval:
                 pos = [p + max(0.0, r) * f for p, r in zip(pos, plan.exact_rest_pos, strict=True)]
             return accepted, pos
         fraction = plan.fractions.get(rid, 0.0)
-        return plan.rest * fraction, [max(0.0, r) * fraction for r in plan.rest_pos]
+        accepted, pos = plan.rest * fraction, [max(0.0, r) * fraction for r in plan.rest_pos]
+        if take and rid not in self._accept_taken:
+            # within one version the plan stays: the others' fractions of the whole are their parts of what is left
+            rest, rest_pos = self._accept_pool or (plan.rest, plan.rest_pos)
+            self._accept_pool = (rest - accepted, [r - p for r, p in zip(rest_pos, pos, strict=True)])
+            self._accept_taken.add(rid)
+        return accepted, pos
 
     def _plan_acceptance(self, coef: Mapping[str, tuple[float, float]]) -> _AcceptPlan:
         per_position = self.delta.per_position
@@ -382,10 +398,11 @@ class Interval:
         exact_rest_pos = [per_position[i] - sum(self.members[m].position(i) for m in exact_ids) for i in range(k)]
         inexact: dict[str, list[str]] = {}
         for m, a in self.members.items():
-            if not a.exact:
+            if not a.exact and m not in self._accept_taken:
                 inexact.setdefault(self.workloads.get(m, ""), []).append(m)
         if not inexact:
-            return _AcceptPlan(exact_rest, exact_rest_pos, {}, 0.0, [0.0] * k)
+            # (every inexact member took its part: the remainder was theirs, not a max_tokens cut's tail)
+            return _AcceptPlan(exact_rest, exact_rest_pos, dict.fromkeys(self._accept_taken, 0.0), 0.0, [0.0] * k)
         if exact_rest <= 0:  # nothing left for the inexact members
             return _AcceptPlan(
                 exact_rest, exact_rest_pos, {m: 0.0 for ids in inexact.values() for m in ids}, 0.0, [0.0] * k
@@ -396,6 +413,8 @@ class Interval:
             f = ours / (ours + self.foreign_steps) if ours + self.foreign_steps else 0.0
             rest *= f
             rest_pos = [r * f for r in rest_pos]
+        if self._accept_pool is not None:  # what the members that took theirs left
+            rest, rest_pos = self._accept_pool
         model: dict[str, float] = {}
         for w, ids in inexact.items():
             steps = sum(self.members[m].steps for m in ids)

@@ -311,7 +311,7 @@ class CounterLedger:
 
     def _share(self, rid: str, r: _Request, incomplete: bool, take: bool = False) -> CounterAttribution | None:
         """This request's figures; ``take``: it is leaving the ledger, and its part of each interval's modelled
-        drafts is its for good (:meth:`Interval.draft_share`)."""
+        drafts and accepted tokens is its for good (:meth:`Interval.draft_share`, :meth:`Interval.accepted_share`)."""
         if not r.intervals:
             return None
         version, coef, partial, weights = self._models()
@@ -324,7 +324,7 @@ class CounterLedger:
         mine = SpecCounts()
         for interval in r.intervals:
             drafts, draft_tokens = interval.draft_share(rid, weights, partial, version, take)
-            accepted, pos = interval.accepted_share(rid, coef, version)
+            accepted, pos = interval.accepted_share(rid, coef, version, take)
             mine = mine + SpecCounts(accepted, drafts, draft_tokens, tuple(pos))
         est = SpecEstimate(
             mine,
