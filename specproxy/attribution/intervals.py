@@ -323,8 +323,7 @@ class Interval:
         else:
             plan = self._draft_plan
             if plan is None or version is None or plan[0] != version:
-                pool = self._draft_pool
-                rest = max(0.0, drafts - self.known_drafted) if pool is None else pool
+                rest = self._hidden_left()
                 open_ = {m: a for m, a in self.members.items() if m not in self._draft_taken}
                 w = weights or DraftWeights()
                 shares = {
@@ -337,9 +336,7 @@ class Interval:
                 plan = self._draft_plan = (-1 if version is None else version, fill(rest, shares, caps))
             extra = plan[1].get(rid, 0.0)
             if take and rid not in self._draft_taken:
-                pool = self._draft_pool
-                rest = max(0.0, drafts - self.known_drafted) if pool is None else pool
-                self._draft_pool = max(0.0, rest - extra)
+                self._draft_pool = max(0.0, self._hidden_left() - extra)
                 self._draft_taken.add(rid)
             # more steps known to have drafted than the engine counted drafts: some of those steps' drafts were
             # counted in a neighbouring interval (a busy reader stamps chunks late), where they will be missing.
@@ -348,6 +345,12 @@ class Interval:
             mine = known + extra
         tokens = self.delta.draft_tokens * mine / drafts if drafts else 0.0
         return mine, tokens
+
+    def _hidden_left(self) -> float:
+        """The drafts hidden in one-token steps that no ended member has taken yet."""
+        if self._draft_pool is None:
+            return max(0.0, self.delta.drafts - self.known_drafted)
+        return self._draft_pool
 
     def accepted_share(
         self, rid: str, coef: Mapping[str, tuple[float, float]], version: int | None = None, take: bool = False
