@@ -17,6 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from specproxy.sim import load_profiles
 from tests.test_proxy_sim_attribution import _mixed_run, _rates
 
 
@@ -31,6 +32,11 @@ async def main() -> None:
     p.add_argument("--profiles", help="the simulator's acceptance profiles (JSON; see specproxy sim --profiles)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the lines (for the tests)")
     a = p.parse_args()
+    if a.profiles:
+        try:  # the simulator would refuse them in its own process; say why here, in one line
+            load_profiles(Path(a.profiles))
+        except ValueError as e:
+            p.error(f"--profiles: {e}")
     with tempfile.TemporaryDirectory() as d:
         measured, true, recs, truths = await _mixed_run(
             Path(d),
