@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import signal
 import statistics
 import subprocess
@@ -321,55 +322,63 @@ class Harness:
     def overhead(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         api = api_server_pid(self.a.base)
+        if api:
+            out["metrics_render"] = render_cost(self.a.base, api)
         for c in self.a.concurrency:
-            n = max(self.a.min_requests, self.a.requests_per_stream * c)
-            arms: dict[str, list[list[dict[str, Any]]]] = {"direct": [], "proxy": []}
-            cpu = {
-                "proxy_s": 0.0,
-                "proxy_events": 0,
-                "api_direct_s": 0.0,
-                "api_direct_events": 0,
-                "api_proxy_s": 0.0,
-                "api_proxy_events": 0,
-            }
-            with proxy(self.a.base, self.dir / f"overhead-c{c}.jsonl", *self.proxy_args()) as p:
-                # a warm-up each way, not measured: the engine's caches, the proxy's and the client's pools
-                for j, target in enumerate((self.a.base, p.url)):
-                    load(
-                        target,
-                        self.dir / f"warm-c{c}-{j}.jsonl",
-                        workloads=WORKLOADS,
-                        concurrency=c,
-                        requests=min(n, 2 * c),
-                        max_tokens=self.a.max_tokens,
-                        seed=99,
-                    )
-                for i, arm in enumerate(["direct", "proxy", "proxy", "direct"] * self.a.rounds):
-                    target = self.a.base if arm == "direct" else p.url
-                    api0, p0 = cpu_s(api) if api else 0.0, p.cpu_s()
-                    recs = load(
-                        target,
-                        self.dir / f"oh-c{c}-{i}-{arm}.jsonl",
-                        workloads=WORKLOADS,
-                        concurrency=c,
-                        requests=n,
-                        max_tokens=self.a.max_tokens,
-                        seed=c,
-                    )
-                    events = sum(r["events"] or 0 for r in recs)
-                    if api:
-                        cpu[f"api_{arm}_s"] += cpu_s(api) - api0
-                        cpu[f"api_{arm}_events"] += events
-                    if arm == "proxy":
-                        cpu["proxy_s"] += p.cpu_s() - p0
-                        cpu["proxy_events"] += events
-                    arms[arm].append(recs)
-                    self.log(f"overhead c={c} {arm}: {len(ok(recs))}/{len(recs)} ok, {events} events")
-                status = p.status()
-            out[f"c{c}"] = self._overhead_figures(arms, cpu, status)
-            self.results["phases"]["overhead"] = out
-            self.save()
+            for extra in self.a.proxy_variants:
+                key = f"c{c}" + (f" {' '.join(extra)}" if extra else "")
+                out[key] = self._overhead_at(c, api, extra)
+                self.results["phases"]["overhead"] = out
+                self.save()
         return out
+
+    def _overhead_at(self, c: int, api: int | None, extra: list[str]) -> dict[str, Any]:
+        n = max(self.a.min_requests, self.a.requests_per_stream * c)
+        arms: dict[str, list[list[dict[str, Any]]]] = {"direct": [], "proxy": []}
+        cpu = {
+            "proxy_s": 0.0,
+            "proxy_events": 0,
+            "api_direct_s": 0.0,
+            "api_direct_events": 0,
+            "api_proxy_s": 0.0,
+            "api_proxy_events": 0,
+        }
+        tag = f"c{c}" + "".join(x.strip("-").replace(" ", "") for x in extra)
+        with proxy(self.a.base, self.dir / f"overhead-{tag}.jsonl", *self.proxy_args(), *extra) as p:
+            # a warm-up each way, not measured: the engine's caches, the proxy's and the client's pools
+            for j, target in enumerate((self.a.base, p.url)):
+                load(
+                    target,
+                    self.dir / f"warm-{tag}-{j}.jsonl",
+                    workloads=WORKLOADS,
+                    concurrency=c,
+                    requests=min(n, 2 * c),
+                    max_tokens=self.a.max_tokens,
+                    seed=99,
+                )
+            for i, arm in enumerate(["direct", "proxy", "proxy", "direct"] * self.a.rounds):
+                target = self.a.base if arm == "direct" else p.url
+                api0, p0 = cpu_s(api) if api else 0.0, p.cpu_s()
+                recs = load(
+                    target,
+                    self.dir / f"oh-{tag}-{i}-{arm}.jsonl",
+                    workloads=WORKLOADS,
+                    concurrency=c,
+                    requests=n,
+                    max_tokens=self.a.max_tokens,
+                    seed=c,
+                )
+                events = sum(r["events"] or 0 for r in recs)
+                if api:
+                    cpu[f"api_{arm}_s"] += cpu_s(api) - api0
+                    cpu[f"api_{arm}_events"] += events
+                if arm == "proxy":
+                    cpu["proxy_s"] += p.cpu_s() - p0
+                    cpu["proxy_events"] += events
+                arms[arm].append(recs)
+                self.log(f"overhead c={c} {' '.join(extra)} {arm}: {len(ok(recs))}/{len(recs)} ok, {events} events")
+            status = p.status()
+        return self._overhead_figures(arms, cpu, status)
 
     def _overhead_figures(self, arms: dict[str, Any], cpu: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         fig: dict[str, Any] = {}
@@ -428,7 +437,8 @@ class Harness:
         return out
 
     def _acceptance_of(self, name: str, url: str) -> dict[str, Any]:
-        n = self.a.accept_requests
+        # each prompt sent accept_repeat times, alone and mixed alike: a mixed run long enough for many scrapes
+        n = self.a.accept_requests * self.a.accept_repeat
         alone: dict[str, Any] = {}
         agree: dict[str, Any] = {}
         for w in WORKLOADS:
@@ -764,6 +774,36 @@ async def by_hand(url: str, bodies: list[dict[str, Any]]) -> dict[str, Any]:
 PHASES = ("overhead", "acceptance", "matrix", "whatif", "shadow", "burst")
 
 
+def variants(text: str) -> list[list[str]]:
+    """``--proxy-variants``: proxy argument lists separated by ``;``, ``default`` (or nothing) for none."""
+    out = [[] if v.strip() in ("", "default") else shlex.split(v) for v in text.split(";")]
+    return out or [[]]
+
+
+def render_cost(url: str, api: int, n: int = 20) -> dict[str, Any]:
+    """What one ``/metrics`` render costs the engine's API server while it is idle: its CPU per scrape (over ``n``
+    scrapes in a row), the text's size and a scrape's flight."""
+
+    async def go() -> tuple[list[float], int]:
+        flights, size = [], 0
+        async with aiohttp.ClientSession() as s:
+            for _ in range(n):
+                t0 = time.perf_counter()
+                async with s.get(url.rstrip("/") + "/metrics", headers={"Accept-Encoding": "identity"}) as r:
+                    size = len(await r.read())
+                flights.append((time.perf_counter() - t0) * 1e3)
+        return flights, size
+
+    c0 = cpu_s(api)
+    flights, size = asyncio.run(go())
+    return {
+        "scrapes": n,
+        "bytes": size,
+        "cpu_ms_per_scrape": (cpu_s(api) - c0) / n * 1e3,
+        "flight_ms": summary(flights),
+    }
+
+
 def ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x]
@@ -784,13 +824,23 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds per concurrency")
     ap.add_argument("--requests-per-stream", type=int, default=4)
     ap.add_argument("--min-requests", type=int, default=32)
-    ap.add_argument("--accept-requests", type=int, default=24, help="requests per workload in the acceptance runs")
+    ap.add_argument("--accept-requests", type=int, default=24, help="prompts per workload in the acceptance runs")
+    ap.add_argument(
+        "--accept-repeat", type=int, default=1, help="times each of those prompts is sent, alone and mixed alike"
+    )
     ap.add_argument("--matrix-requests", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--burst-streams", type=int, default=256)
     ap.add_argument("--burst-requests", type=int, default=1024)
     ap.add_argument("--burst-max-tokens", type=int, default=64)
     ap.add_argument("--workers", type=int, default=0, help="the proxy's relay processes (0: its default)")
+    ap.add_argument(
+        "--proxy-variants",
+        type=variants,
+        default=[[]],
+        help="the overhead measured once per proxy argument list, ';'-separated ('default': none), e.g. "
+        '"default;--metrics-url none;--workers 2"',
+    )
     ap.add_argument("--tokenizer", help="the model folder (tokenizer.json, chat template) for whatif")
     ap.add_argument("--ngram-k", type=int, default=3)
     ap.add_argument("--lookup-min", type=int, default=2)

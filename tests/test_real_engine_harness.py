@@ -43,10 +43,13 @@ async def test_the_harness_runs_its_phases_and_keeps_the_records(tmp_path: Path)
         rc, printed = await _harness(
             "--base", base, "--ngram", ngram, "--out", str(out),
             "--phases", "overhead,acceptance,matrix",
-            "--concurrency", "2", "--min-requests", "4", "--accept-requests", "4", "--mixed-concurrency", "4",
+            "--concurrency", "2", "--min-requests", "4", "--accept-requests", "4", "--accept-repeat", "2",
+            "--mixed-concurrency", "4",
             "--matrix-requests", "2",
             # relay processes of its own (a folder for the records that does not exist yet)
             "--workers", "2", "--work", str(tmp_path / "records" / "here"),
+            # the overhead once more with the proxy scraping nothing: what its scrapes cost the engine, apart
+            "--proxy-variants", "default;--metrics-url none",
         )  # fmt: skip
     assert rc == 0, printed
     doc = json.loads(out.read_text())
@@ -60,10 +63,18 @@ async def test_the_harness_runs_its_phases_and_keeps_the_records(tmp_path: Path)
     assert mixed["counters_shares_sum"]["draft_tokens"] == pytest.approx(
         mixed["engine_delta"]["draft_tokens"], rel=0.02
     )
-    assert {w: m["requests"] for w, m in mixed["workloads"].items()} == {"code_agent": 4, "ja_chat": 4}
+    # each of the 4 prompts twice, alone and mixed alike
+    assert {w: m["requests"] for w, m in mixed["workloads"].items()} == {"code_agent": 8, "ja_chat": 8}
+    assert {w: a["requests"] for w, a in phases["acceptance"]["ngram"]["alone_c1"].items()} == {
+        "code_agent": 8,
+        "ja_chat": 8,
+    }
     # what explains a share: how the proxy scraped, and whether its models had settled
     assert mixed["proxy_engine_status"]["scrapes_ok"] >= 1 and "models_stable" in mixed["proxy_engine_status"]
     assert oh["proxy_status"]["engine"]["scrapes_ok"] >= 1
+    unscraped = phases["overhead"]["c2 --metrics-url none"]
+    assert unscraped["proxy"]["errors"] == 0 and unscraped["proxy"]["requests"] >= 4
+    assert not (unscraped["proxy_status"].get("engine") or {}).get("scrapes_ok")
     ngram_code = phases["matrix"]["ngram/code_agent"]["matrix"]
     assert ngram_code["requests"] == 2 and ngram_code["with_figure"] == 2 and ngram_code["sources"]
     with tarfile.open(records_archive(out)) as tar:
