@@ -30,6 +30,13 @@ async def main() -> None:
     p.add_argument("--no-usage", action="store_true", help="clients that do not ask for usage (approximate counts)")
     p.add_argument("--speed", type=float, default=1.0, help="the simulator's time compression (GPU-like: 20-40)")
     p.add_argument("--profiles", help="the simulator's acceptance profiles (JSON; see specproxy sim --profiles)")
+    p.add_argument(
+        "--output-lag-ms",
+        type=float,
+        default=0.0,
+        help="the simulator's writer away this long after each chunk: steps merged into chunks, as a saturated "
+        "API server merges them",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of the lines (for the tests)")
     a = p.parse_args()
     if a.profiles:
@@ -50,6 +57,8 @@ async def main() -> None:
                 "--speed",
                 str(a.speed),
                 *(("--profiles", a.profiles) if a.profiles else ()),
+                "--output-lag-ms",
+                str(a.output_lag_ms),
             ),
         )
     m, t = _rates(measured), _rates(true)
@@ -74,7 +83,14 @@ async def main() -> None:
         c["accepted"] += r["spec"]["estimates"]["counters"]["accepted"]
         c["draft_tokens"] += r["spec"]["estimates"]["counters"]["draft_tokens"]
     shares = _rates(by_w)
+    unchosen = sum(1 for r in recs if r["spec"]["accepted"] is None)
+    if unchosen:
+        print(f"{unchosen} of {len(recs)} records chose no figure (chunks merged steps), left out of 'acceptance'")
     for w in sorted(t):
+        if w not in m:
+            print(f"{w:12s} no record chose a figure", end="")
+            print(f"  (counters' share {shares[w]:.4f}, {100 * (shares[w] - t[w]):+.1f})" if w in shares else "")
+            continue
         print(f"{w:12s} acceptance {m[w]:.4f}  truth {t[w]:.4f}  off by {100 * (m[w] - t[w]):+.1f} points", end="")
         print(f"  (counters' share {shares[w]:.4f}, {100 * (shares[w] - t[w]):+.1f})" if w in shares else "")
     if total:

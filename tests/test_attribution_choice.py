@@ -13,9 +13,10 @@ SERVER = {"num_accepted_draft_tokens": 4, "num_spec_steps": 3, "num_draft_tokens
 
 
 def _counters(accepted: float, drafts: float, *, exact: bool = True, overlapped: bool = False,
-              reset: bool = False, unsettled: bool = False) -> CounterAttribution:  # fmt: skip
+              reset: bool = False, unsettled: bool = False, unmerged: bool = False) -> CounterAttribution:  # fmt: skip
     est = SpecEstimate(SpecCounts(accepted, drafts, drafts * 3), k=3.0, exact=exact)
-    return CounterAttribution(est, intervals=1, overlapped=overlapped, reset=reset, unsettled=unsettled)
+    return CounterAttribution(est, intervals=1, overlapped=overlapped, reset=reset, unsettled=unsettled,
+                              unmerged=unmerged)  # fmt: skip
 
 
 def _ev(**kw: Any) -> Evidence:
@@ -122,3 +123,25 @@ def test_counters_that_saw_no_draft_beat_inexact_chunks() -> None:
     assert plain.source is None and plain.spec_block() is not None and plain.spec_block()["source"] is None  # type: ignore[index]
     # exact chunks (every step drafts) still speak for themselves beside a share that overlapped others
     assert decide(_ev(counters=_counters(0, 0, exact=False, overlapped=True))).source == "chunks"
+
+
+def test_a_counters_share_that_put_merged_steps_back_is_chosen_where_every_step_drafts() -> None:
+    """Chunks of 5 tokens with k = 3: merged steps. The ledger's share was split by chunks taken for steps unless it
+    found the merged steps and put them back (the engine's step count); then it is the figure, flagged."""
+    merged = [1, 5, 5, 2]
+    split_by_chunks = decide(_ev(tokens=merged, counters=_counters(8, 5, exact=False, overlapped=True)))
+    assert split_by_chunks.chosen is None and "counters_split_by_merged_chunks" in split_by_chunks.flags
+    unmerged = decide(_ev(tokens=merged, counters=_counters(6, 5, exact=False, overlapped=True, unmerged=True)))
+    assert unmerged.source == "counters" and unmerged.chosen is not None and unmerged.chosen.counts.accepted == 6
+    assert "steps_unmerged" in unmerged.flags and "counters_split_by_merged_chunks" not in unmerged.flags
+    assert unmerged.chunks is not None and not unmerged.chunks.exact  # the chunks' own figure is not the steps'
+
+
+def test_where_only_some_steps_draft_a_share_with_merged_steps_is_not_chosen() -> None:
+    """ngram (k not whole: proposals shorter than k): the drafts hidden in one-token steps rest on chunk sizes,
+    which merged steps distort, even where no chunk is longer than one step can bring."""
+    c = decide(_ev(tokens=[1, 2, 3, 1], k=2.6, counters=_counters(4, 3, exact=False, overlapped=True, unmerged=True)))
+    assert c.chosen is None and c.source is None
+    assert {"steps_unmerged", "counters_split_by_merged_chunks", "partial_drafting"} <= set(c.flags)
+    alone = decide(_ev(tokens=[1, 2, 3, 1], k=2.6, counters=_counters(4, 3, unmerged=True)))
+    assert alone.source == "counters"  # alone on the engine the counters are its own count, merged or not

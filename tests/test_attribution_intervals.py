@@ -17,6 +17,7 @@ from specproxy.attribution.intervals import (
     cut,
     fill,
     step_quota,
+    unmerge,
 )
 
 MS = 10**6
@@ -350,3 +351,43 @@ def test_more_steps_known_to_have_drafted_than_the_delta_counted_shrink_to_it() 
     weights = _weights({"code": 0.5, "ja": 0.5}, {"code": 0.3, "ja": 0.3})
     a, b = (iv.draft_share(m, weights, True, version=1, take=True)[0] for m in ("a", "b"))
     assert a == pytest.approx(4 * 4 / 6) and b == pytest.approx(4 * 2 / 6) and a + b == pytest.approx(4)
+
+
+# -- chunks that carry several steps ---------------------------------------------------------------------------------
+def test_steps_merged_into_chunks_go_back_to_steps_and_the_accepted_tokens_add_up_to_the_delta() -> None:
+    """Two requests, the engine merging steps: "a" stepped 6 times accepting 2 tokens, "b" 6 times accepting 4;
+    a lagging HTTP task sent each two steps as one chunk. Read as steps, the chunks say 9 and 12 accepted, against
+    the engine's 6; put back, by chunks, the accepted tokens add up to the delta and each member's steps to the
+    engine's count."""
+    a, b = Activity(), Activity()
+    for n in (3, 3, 2):  # 8 tokens: 6 steps + 2 accepted, in 3 chunks
+        a.add(n, decode=True, exact=True)
+    for n in (4, 3, 3):  # 10 tokens: 6 steps + 4 accepted
+        b.add(n, decode=True, exact=True)
+    members = {"a": a, "b": b}
+    delta = SpecCounts(6.0, 6.0, 18.0, (4.0, 2.0, 0.0))
+    parts = unmerge(members, delta)
+    assert sum(parts.values()) == pytest.approx(6.0)  # 18 tokens, 6 chunks, 6 accepted: 6 steps merged
+    assert a.steps + b.steps == pytest.approx(12.0)
+    assert a.extra_tokens + b.extra_tokens == pytest.approx(delta.accepted)
+    assert a.extra_tokens == pytest.approx(2.0) and b.extra_tokens == pytest.approx(4.0)
+    # what chunk sizes said of positions and multi-token steps falls with the accepted tokens
+    assert a.multi == pytest.approx(3 * 2 / 5) and a.position(0) == pytest.approx(3 * 2 / 5)
+    iv = Interval(delta, members, {"a": "w", "b": "w"})
+    assert sum(iv.draft_share(m, None, False)[0] for m in members) == pytest.approx(6.0)
+    assert iv.draft_share("a", None, False)[0] == pytest.approx(3.0)  # every step drafts: drafts follow steps
+
+
+def test_unmerge_takes_no_more_than_a_members_tokens_beyond_one_per_chunk() -> None:
+    a, b = Activity(), Activity()
+    for n in (1, 1, 1):
+        a.add(n, decode=True, exact=True)  # nothing beyond one per chunk: nothing of it can be merged
+    for n in (4, 4):
+        b.add(n, decode=True, exact=True)
+    parts = unmerge({"a": a, "b": b}, SpecCounts(2.0, 2.0, 6.0))
+    assert parts == {"b": pytest.approx(4.0)}  # 6 tokens beyond one per chunk, 2 accepted
+    assert a.steps == 3 and b.steps == pytest.approx(6.0) and b.extra_tokens == pytest.approx(2.0)
+    counted_more = Activity()
+    counted_more.add(3, decode=True, exact=True)  # the engine counted more accepted tokens than the chunk shows
+    assert unmerge({"n": counted_more}, SpecCounts(3.0, 1.0, 3.0)) == {}
+    assert counted_more.steps == 1 and counted_more.extra_tokens == 2

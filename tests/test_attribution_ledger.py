@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specproxy.attribution import ledger as ledger_mod
-from specproxy.attribution.ledger import MAX_CHUNK_AGE_NS, CounterLedger, read_times
+from specproxy.attribution.ledger import MAX_CHUNK_AGE_NS, CounterLedger, MergeWindow, read_times
 from specproxy.core.prom import SpecCounters
 
 MS = 10**6
@@ -400,3 +400,47 @@ def test_the_ledger_cost_measure_runs_with_requests_ending_in_every_interval(
     out = capsys.readouterr().out
     assert "8 streams x 30 steps (240 chunks" in out and "29 requests" in out, out
     assert "one refit of the drafting model" in out, out
+
+
+def test_steps_owed_to_a_late_reader_are_not_merged_steps_but_steps_that_never_come_are() -> None:
+    late = MergeWindow()
+    verdicts = []
+    for i in range(MergeWindow.WINDOW * 2):  # each interval reads 10 of its 40 steps late, and the last's 10
+        verdicts.append(late.add(40.0, 40.0 if i else 30.0, 0 if i == 0 else 10, 10))
+    assert not any(verdicts)
+    merging = MergeWindow()
+    verdicts = [merging.add(40.0, 30.0, 0, 0) for _ in range(MergeWindow.WINDOW)]  # a quarter never come
+    assert verdicts[-1] and not verdicts[0]  # a verdict only once the window holds enough steps
+
+
+def test_an_engine_that_merges_steps_into_chunks_still_gives_each_request_its_accepted_tokens() -> None:
+    """Two streams stepped together every 10 ms, scraped every 50 ms; the engine's HTTP task sends each two steps
+    as one chunk. The ledger sees the steps missing for good, puts them back, and each request's accepted tokens
+    and drafts come out as the engine counted them (every step drafts, k = 3), but for the first intervals, before
+    the window has seen enough steps to tell; the records say so."""
+    led = CounterLedger()
+    led.baseline(0)
+    accepts = {"a": [0, 1, 0, 2] * 200, "b": [2, 3, 2, 1] * 200}
+    for rid in accepts:
+        led.begin(rid, rid)
+        led.record_read(rid, [1], 1 * MS, exact=True, first_decode=False)
+    counted = 0
+    for step in range(800):
+        now = 10 * (step + 1)
+        if step % 2 == 1:  # two steps in one chunk
+            for rid, acc in accepts.items():
+                led.record_read(rid, [2 + acc[step - 1] + acc[step]], now * MS, exact=True, first_decode=True)
+        if now % 50 == 0:
+            new = range(counted, step + 1)
+            counted = step + 1
+            accepted = sum(acc[s] for acc in accepts.values() for s in new)
+            led.settle(now * MS + MS, _delta(2 * len(new), accepted=accepted, drafts=2 * len(new)))
+    for rid in accepts:
+        led.end(rid)
+    led.settle(9000 * MS, _delta(0, accepted=0, drafts=0))
+    assert led.unmerged > 0
+    for rid, acc in accepts.items():
+        got = led.pop(rid)
+        assert got is not None and got.unmerged
+        assert got.estimate.counts.accepted == pytest.approx(sum(acc), rel=0.05)
+        assert got.estimate.counts.drafts == pytest.approx(800, rel=0.05)

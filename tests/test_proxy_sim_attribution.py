@@ -143,12 +143,14 @@ async def _mixed_run(
         truths: dict[str, Any] = {}
         for rec in recs:
             t = truths[rec["upstream_id"]] = await truth_at(s, sim_url, rec["upstream_id"])
-            m = measured.setdefault(rec["workload"], {"accepted": 0.0, "draft_tokens": 0.0})
-            m["accepted"] += rec["spec"]["accepted"]
-            m["draft_tokens"] += rec["spec"]["draft_tokens"]
             tt = true.setdefault(rec["workload"], {"accepted": 0.0, "draft_tokens": 0.0})
             tt["accepted"] += t["counted_accepted"]
             tt["draft_tokens"] += t["draft_tokens"]
+            if rec["spec"]["accepted"] is None:  # no figure chosen (chunks that merge steps, flagged)
+                continue
+            m = measured.setdefault(rec["workload"], {"accepted": 0.0, "draft_tokens": 0.0})
+            m["accepted"] += rec["spec"]["accepted"]
+            m["draft_tokens"] += rec["spec"]["draft_tokens"]
         return measured, true, recs, truths
 
 

@@ -141,7 +141,14 @@ def decide(ev: Evidence) -> Choice:
         flags.append("partial_drafting")
     if chunks is not None and not chunks_are_steps:
         chunks = chunks.approximate()
-    if merged and counters is not None and not counters.exact:
+    # Where the ledger found steps merged into chunks and put them back (intervals.unmerge), its accepted tokens and
+    # steps are right, and so are its drafts where every step drafts. Where only some do (ngram), the drafts hidden
+    # in one-token steps still rest on chunk sizes, which merged steps distort: that share is not chosen.
+    unmerged = ev.counters is not None and ev.counters.unmerged
+    if unmerged:
+        flags.append("steps_unmerged")
+        merged = merged or partial_drafting
+    if merged and counters is not None and not counters.exact and not (unmerged and not partial_drafting):
         # the ledger split the deltas by chunks, each taken for one step: its share is as wrong as theirs
         flags.append("counters_split_by_merged_chunks")
         source, chosen = choose(server, None, None)

@@ -168,6 +168,34 @@ def cut(chunks: deque[Chunk], *, boundary_ns: int, quota: int | None) -> dict[st
 LATE_STEPS = 16  # steps a reader may be behind on each stream in flight before missing steps read as foreign
 
 
+def unmerge(members: Mapping[str, Activity], delta: SpecCounts) -> dict[str, float]:
+    """Steps that reached us merged into one chunk, put back: how many, per member (none when none is seen). Asked
+    only while the engine is merging steps (:class:`~specproxy.attribution.ledger.MergeWindow`).
+
+    An engine's HTTP task that falls behind its steps sends the steps it missed as one chunk (vLLM's output
+    collector merges what its reader has not taken; at GPU speeds a busy API server does so often). Such a chunk
+    looks like one step that accepted drafts, so the exact members' tokens beyond one per chunk add up to more than
+    the accepted tokens the engine counted: the surplus is merged steps. It is shared by the members' chunks (every
+    request in a batch steps at the same pace, and a lagging reader merges each stream alike), none taking more than
+    its tokens beyond one per chunk. Each member then has those steps back, and its accepted tokens (tokens - steps)
+    fall by as much, so that they add up to the delta's; its multi-token steps and accepted positions, read off
+    chunk sizes, fall in proportion. (The engine's step count beyond our chunks says the same, but a chunk that
+    straddles a scrape moves steps across it: the smaller of two such noisy figures would fall short each time.)"""
+    exact = {m: a for m, a in members.items() if a.exact and a.steps > 0}
+    beyond = {m: a.tokens - a.steps for m, a in exact.items()}
+    surplus = sum(beyond.values()) - delta.accepted
+    if surplus < 1.0:
+        return {}
+    parts = {m: v for m, v in fill(surplus, {m: a.steps for m, a in exact.items()}, beyond).items() if v > 0.0}
+    for m, part in parts.items():
+        a = exact[m]
+        keep = 1.0 - part / beyond[m]
+        a.steps += part
+        a.multi *= keep
+        a.per_position = [p * keep for p in a.per_position]
+    return parts
+
+
 def step_quota(engine_steps: float | None, owed: int, available: int, in_flight: int) -> tuple[int | None, int]:
     """How many of our decode chunks an interval takes, and how many it leaves owed to the next one.
 

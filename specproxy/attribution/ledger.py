@@ -24,7 +24,16 @@ from dataclasses import dataclass, field
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.estimates import SpecEstimate
 from specproxy.attribution.fit import AcceptanceModel, DraftModel
-from specproxy.attribution.intervals import Activity, Chunk, DraftWeights, Evidence, Interval, cut, step_quota
+from specproxy.attribution.intervals import (
+    Activity,
+    Chunk,
+    DraftWeights,
+    Evidence,
+    Interval,
+    cut,
+    step_quota,
+    unmerge,
+)
 from specproxy.core.prom import SpecCounters
 
 PARTIAL_DRAFTING_BELOW = 0.95  # drafts per decode step under this: the method drafts on some steps only
@@ -46,6 +55,7 @@ class _Request:
     truncated: bool = False  # ended cut by max_tokens
     evidence: Evidence = field(default_factory=Evidence)  # how often it drafts, from its settled chunks
     last_read_ns: int | None = None  # when its previous token-bearing read was taken
+    unmerged: bool = False  # some of its chunks were found to carry several steps, and were split (unmerge)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +67,9 @@ class CounterAttribution:
     # the share rested on a per-workload model (acceptance of inexact counts, or ngram's hidden drafts) that too few
     # intervals had pinned down when the request was shared out: each workload's figure may be several points off
     unsettled: bool = False
+    # some of its chunks carried several engine steps (a lagging HTTP task merged them), and the share counted them
+    # as steps, from the engine's step count (intervals.unmerge): its share does not rest on chunks being steps
+    unmerged: bool = False
 
 
 def _read_at(c: Chunk) -> int:
@@ -78,6 +91,35 @@ def read_times(prev_ns: int | None, t_ns: int, n: int) -> list[int]:
         return [t_ns] * n
     gap = t_ns - prev_ns
     return [prev_ns + gap * (i + 1) // n for i in range(n)]
+
+
+class MergeWindow:
+    """Whether the engine has lately been sending several steps in one chunk: over the last :data:`WINDOW`
+    intervals, the engine counted more decode steps than our chunks show, beyond those owed to a late reader.
+
+    Lateness evens out: a step counted in one interval and read in the next is owed there, and taken. Merged steps
+    never arrive: what the engine counted beyond our chunks and the change in what is owed grows with every interval
+    (and an interval that finds more missing than a late reader explains is cut by time, its owed steps dropped).
+    One interval alone cannot tell the two apart; a run of them can. Numbers in, a verdict out."""
+
+    WINDOW = 16
+    MIN_STEPS = 64.0  # engine steps in the window before any verdict
+    MIN_SHARE = 0.02  # of the engine's steps, missing for good
+
+    __slots__ = ("_rows",)
+
+    def __init__(self) -> None:
+        self._rows: deque[tuple[float, float, int, int]] = deque(maxlen=self.WINDOW)
+
+    def add(self, engine_steps: float, chunk_steps: float, owed_before: int, owed_after: int) -> bool:
+        """One interval's steps: the engine's, our chunks', and what was owed before and after it. Whether steps
+        are being merged now."""
+        self._rows.append((engine_steps, chunk_steps, owed_before, owed_after))
+        engine = sum(r[0] for r in self._rows)
+        if engine < self.MIN_STEPS:
+            return False
+        missing = engine - sum(r[1] for r in self._rows) - (self._rows[-1][3] - self._rows[0][2])
+        return missing > self.MIN_SHARE * engine
 
 
 def counts_of(delta: SpecCounters) -> SpecCounts:
@@ -103,6 +145,8 @@ class CounterLedger:
         self._carried = SpecCounts()  # deltas of intervals whose every step was owed: the next cut's to share
         self.aligned = 0  # intervals cut by the engine's step count
         self.time_cut = 0  # intervals cut by time
+        self.unmerged = 0.0  # steps found merged into chunks (a lagging HTTP task at the engine) and put back
+        self._merge_window = MergeWindow()
         self._multi: dict[str, Evidence] = {}  # workload -> its steps and multi-token steps, exact counts only
         self.drafting = DraftModel(self._multi)
         # the models' state: it moves on with every settled interval; shares computed for one state are reused
@@ -187,12 +231,22 @@ class CounterLedger:
         available = 0
         if engine_steps is not None:
             available = sum(1 for c in self._chunks if c.decode and c.t_ns <= boundary_ns + slack_ns)
+        owed_before = self._owed
         quota, self._owed = step_quota(engine_steps, self._owed, available, self.in_flight())
         if quota is None:
             self.time_cut += 1
         else:
             self.aligned += 1
         members = self._cut(boundary_ns, quota)
+        unmerged: dict[str, float] = {}
+        if engine_steps is not None:
+            chunk_steps = sum(a.steps for a in members.values())
+            if self._merge_window.add(engine_steps, chunk_steps, owed_before, self._owed):
+                unmerged = unmerge(members, counts)
+        for rid, part in unmerged.items():
+            self.unmerged += part
+            if (req := self._req.get(rid)) is not None:
+                req.unmerged = True
         foreign = 0.0
         if quota is None and engine_steps is not None:
             foreign = max(0.0, engine_steps - sum(a.steps for a in members.values()))
@@ -335,7 +389,7 @@ class CounterLedger:
         unsettled = (self._rests_on_model(r) and not self.settled(self.model)) or (
             self._rests_on_drafting(r) and not self.settled(self.drafting)
         )
-        return CounterAttribution(est, len(r.intervals), r.overlapped, r.reset, unsettled)
+        return CounterAttribution(est, len(r.intervals), r.overlapped, r.reset, unsettled, r.unmerged)
 
     def settled(self, model: AcceptanceModel | DraftModel) -> bool:
         """Whether ``model`` (:attr:`model` or :attr:`drafting`) has been stable: it stays so, more intervals only pin

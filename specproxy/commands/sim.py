@@ -29,6 +29,12 @@ def register(app: typer.Typer) -> None:
             None, "--per-request-spec-metrics", help="Add vLLM's per-request metrics: summary or detailed."
         ),
         stream_interval: int = typer.Option(1, "--stream-interval", help="Engine steps per SSE chunk."),
+        output_lag_ms: float = typer.Option(
+            0.0,
+            "--output-lag-ms",
+            help="A stream's writer is away this long after each chunk, as a saturated API server's is; the steps "
+            "that came meanwhile go out merged in one chunk.",
+        ),
         keepalive: float | None = typer.Option(None, "--keepalive", help="Seconds of silence before ': keep-alive'."),
         metrics_fault: str = typer.Option("none", "--metrics-fault", help="/metrics behaviour: none, fail, hang."),
         metrics_render_ms: float = typer.Option(
@@ -69,6 +75,7 @@ def register(app: typer.Typer) -> None:
             max_num_seqs=max_num_seqs,
             per_request_spec_metrics=per_request,
             stream_interval=stream_interval,
+            output_lag_ms=output_lag_ms,
             keepalive_s=keepalive,
             metrics_fault=metrics_fault,
             metrics_render_ms=metrics_render_ms,

@@ -487,6 +487,8 @@ class Recorder:
                 # (more steps counted than our chunks explain: another client, or chunks lagging the counters)
                 "intervals_aligned": self.ledger.aligned,
                 "intervals_cut_by_time": self.ledger.time_cut,
+                # steps the engine sent merged into one chunk (its HTTP task behind), found and put back
+                "steps_unmerged": round(self.ledger.unmerged),
                 "unattributed_accepted": self.ledger.unattributed.accepted,
                 # chunks read that no scrape interval has taken yet: a scrape's worth, unless the counters lag
                 "chunks_waiting": self.ledger.pending_chunks,

@@ -116,6 +116,9 @@ class SimConfig:
     max_num_seqs: most requests one engine runs at once; the rest wait (vllm:num_requests_waiting).
     per_request_spec_metrics: None (off) | "summary" | "detailed": adds vLLM's `metrics` object to responses.
     stream_interval: engine steps merged into one SSE chunk (the first and the last are always sent at once).
+    output_lag_ms: after each chunk a stream's writer is away this long, as a saturated API server's HTTP task is;
+        the steps that came meanwhile go out merged in one chunk (vLLM's output collector merges what its reader
+        has not taken). 0: every step is sent as it comes.
     keepalive_s: send `: keep-alive` SSE comments after this many seconds of silence (None = never).
     metrics_fault: "none" | "fail" (GET /metrics answers 500) | "hang" (never answers); switchable at run
         time with POST /sim/faults.
@@ -152,6 +155,7 @@ class SimConfig:
     max_num_seqs: int = 256
     per_request_spec_metrics: str | None = None
     stream_interval: int = 1
+    output_lag_ms: float = 0.0
     keepalive_s: float | None = None
     metrics_fault: str = "none"
     metrics_render_ms: float = 0.0
@@ -182,10 +186,18 @@ class SimConfig:
         """Draft tokens per speculative step; 0 without speculation."""
         return self.num_speculative_tokens if self.speculative else 0
 
+    def _check_choices(self) -> None:
+        for name, value, allowed in (
+            ("spec_method", self.spec_method, SPEC_METHODS),
+            ("dialect", self.dialect, SIM_DIALECTS),
+            ("metrics_fault", self.metrics_fault, METRICS_FAULTS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
     def validate(self) -> None:
         """Raise ValueError with a one-line reason for the first bad value."""
-        if self.spec_method not in SPEC_METHODS:
-            raise ValueError(f"spec_method must be one of {', '.join(SPEC_METHODS)}, got {self.spec_method!r}")
+        self._check_choices()
         if self.speculative and self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1 with spec_method {self.spec_method!r}")
         if self.num_speculative_tokens > 64:
@@ -194,8 +206,9 @@ class SimConfig:
             raise ValueError(f"port must be between 0 and 65535, got {self.port}")
         if not self.served_model_name:
             raise ValueError("served_model_name must not be empty")
-        if not 0 <= self.metrics_render_ms <= 10_000:
-            raise ValueError(f"metrics_render_ms must be between 0 and 10000, got {self.metrics_render_ms}")
+        for name, ms in (("output_lag_ms", self.output_lag_ms), ("metrics_render_ms", self.metrics_render_ms)):
+            if not 0 <= ms <= 10_000:
+                raise ValueError(f"{name} must be between 0 and 10000, got {ms}")
         positive_ints = {
             "engines": self.engines,
             "max_num_seqs": self.max_num_seqs,
@@ -211,10 +224,6 @@ class SimConfig:
             raise ValueError(f"speed must be a positive number, got {self.speed}")
         if self.keepalive_s is not None and not self.keepalive_s > 0:
             raise ValueError(f"keepalive_s must be positive, got {self.keepalive_s}")
-        if self.dialect not in SIM_DIALECTS:
-            raise ValueError(f"dialect must be one of {', '.join(SIM_DIALECTS)}, got {self.dialect!r}")
-        if self.metrics_fault not in METRICS_FAULTS:
-            raise ValueError(f"metrics_fault must be one of {', '.join(METRICS_FAULTS)}, got {self.metrics_fault!r}")
         if self.per_request_spec_metrics not in (None, *PER_REQUEST_METRICS):
             raise ValueError(
                 f"per_request_spec_metrics must be summary or detailed, got {self.per_request_spec_metrics!r}"

@@ -200,6 +200,7 @@ async def _stream(
 
     keepalive_s = rt.cfg.keepalive_s
     interval = rt.cfg.stream_interval
+    lag_s = rt.cfg.output_lag_ms / 1000 / rt.cfg.speed
     try:
         await resp.prepare(request)
         started = False
@@ -225,7 +226,8 @@ async def _stream(
             ids.extend(out.token_ids)
             since_sent += 1
             # vLLM's stream_interval: the first output and the last always go out at once.
-            if started and out.finish_reason is None and since_sent < interval:
+            # A writer that was away (lag) finds several steps waiting: they go out as one chunk, as vLLM's do.
+            if started and out.finish_reason is None and (since_sent < interval or (lag_s and not queue.empty())):
                 continue
             if not started and fmt.kind == "chat":
                 await send(fmt.role_event())
@@ -235,6 +237,8 @@ async def _stream(
             texts, ids, since_sent = [], [], 0
             if out.finish_reason is not None:
                 break
+            if lag_s:
+                await asyncio.sleep(lag_s)
         rt.remember_text("".join(whole), out.completion_tokens)
         if parsed.include_usage:
             await send(fmt.usage_event(out.completion_tokens, _metrics_obj(rt, req)))
