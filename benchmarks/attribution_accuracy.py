@@ -70,7 +70,8 @@ async def main() -> None:
             "measured": m,
             "truth": t,
             "records": len(recs),
-            "sources": sorted({r["spec"]["source"] for r in recs}),
+            "sources": sorted({str(r["spec"]["source"]) for r in recs}),
+            "steps_unmerged": sum(1 for r in recs if "steps_unmerged" in r["flags"]),
             "partial_drafting_flagged": all("partial_drafting" in r["flags"] for r in recs),
             "drafts_error_share": err / total if total else None,
         }

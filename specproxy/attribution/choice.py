@@ -139,15 +139,16 @@ def decide(ev: Evidence) -> Choice:
     if chunks is not None and partial_drafting:
         chunks = chunks.approximate()
         flags.append("partial_drafting")
-    if chunks is not None and not chunks_are_steps:
-        chunks = chunks.approximate()
-    # Where the ledger found steps merged into chunks and put them back (intervals.unmerge), its accepted tokens and
-    # steps are right, and so are its drafts where every step drafts. Where only some do (ngram), the drafts hidden
-    # in one-token steps still rest on chunk sizes, which merged steps distort: that share is not chosen.
+    # Where the ledger found steps merged into this request's chunks and put them back (intervals.unmerge), its
+    # chunks are not steps, and its accepted tokens and steps are right, and so are its drafts where every step
+    # drafts. Where only some do (ngram), the drafts hidden in one-token steps still rest on chunk sizes, which
+    # merged steps distort: that share is not chosen.
     unmerged = ev.counters is not None and ev.counters.unmerged
     if unmerged:
         flags.append("steps_unmerged")
-        merged = merged or partial_drafting
+        chunks_are_steps, merged = False, True
+    if chunks is not None and not chunks_are_steps:
+        chunks = chunks.approximate()
     if merged and counters is not None and not counters.exact and not (unmerged and not partial_drafting):
         # the ledger split the deltas by chunks, each taken for one step: its share is as wrong as theirs
         flags.append("counters_split_by_merged_chunks")
