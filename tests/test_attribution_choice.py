@@ -137,11 +137,14 @@ def test_a_counters_share_that_put_merged_steps_back_is_chosen_where_every_step_
     assert unmerged.chunks is not None and not unmerged.chunks.exact  # the chunks' own figure is not the steps'
 
 
-def test_where_only_some_steps_draft_a_share_with_merged_steps_is_not_chosen() -> None:
+def test_where_only_some_steps_draft_a_share_with_merged_steps_is_flagged_as_several_points_off() -> None:
     """ngram (k not whole: proposals shorter than k): the drafts hidden in one-token steps rest on chunk sizes,
     which merged steps distort, even where no chunk is longer than one step can bring."""
     c = decide(_ev(tokens=[1, 2, 3, 1], k=2.6, counters=_counters(4, 3, exact=False, overlapped=True, unmerged=True)))
-    assert c.chosen is None and c.source is None
-    assert {"steps_unmerged", "counters_split_by_merged_chunks", "partial_drafting"} <= set(c.flags)
+    assert c.source == "counters" and c.chosen is not None
+    assert {"steps_unmerged", "counters_unsettled", "partial_drafting"} <= set(c.flags)
+    assert "counters_split_by_merged_chunks" not in c.flags
+    every_step = decide(_ev(tokens=[1, 2, 3, 1], counters=_counters(4, 3, exact=False, overlapped=True, unmerged=True)))
+    assert every_step.source == "counters" and "counters_unsettled" not in every_step.flags
     alone = decide(_ev(tokens=[1, 2, 3, 1], k=2.6, counters=_counters(4, 3, unmerged=True)))
-    assert alone.source == "counters"  # alone on the engine the counters are its own count, merged or not
+    assert alone.source == "counters" and "counters_unsettled" not in alone.flags  # alone: the engine's own count

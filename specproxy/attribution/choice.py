@@ -142,20 +142,21 @@ def decide(ev: Evidence) -> Choice:
     # Where the ledger found steps merged into this request's chunks and put them back (intervals.unmerge), its
     # chunks are not steps, and its accepted tokens and steps are right, and so are its drafts where every step
     # drafts. Where only some do (ngram), the drafts hidden in one-token steps still rest on chunk sizes, which
-    # merged steps distort: that share is not chosen.
+    # merged steps distort: that share is flagged as one whose workload's figure may be several points off.
     unmerged = ev.counters is not None and ev.counters.unmerged
     if unmerged:
         flags.append("steps_unmerged")
         chunks_are_steps, merged = False, True
     if chunks is not None and not chunks_are_steps:
         chunks = chunks.approximate()
-    if merged and counters is not None and not counters.exact and not (unmerged and not partial_drafting):
+    if merged and counters is not None and not counters.exact and not unmerged:
         # the ledger split the deltas by chunks, each taken for one step: its share is as wrong as theirs
         flags.append("counters_split_by_merged_chunks")
         source, chosen = choose(server, None, None)
     else:
         source, chosen = choose(server, None if merged else chunks, counters)
-    if source == "counters" and ev.counters is not None and ev.counters.unsettled:
+    modelled_drafts = unmerged and partial_drafting and counters is not None and not counters.exact
+    if source == "counters" and ev.counters is not None and (ev.counters.unsettled or modelled_drafts):
         flags.append(UNSETTLED_FLAG)
     if chosen is not None and chosen.draft_tokens and chosen.counts.accepted == 0:
         flags.append("spec_zero_acceptance")

@@ -21,7 +21,8 @@ from specproxy.core.record import Record
 # report, compare and advise
 UNSETTLED_MEANING = (
     "the counters' share of overlapping requests, from a per-workload model (ngram's drafts hidden in one-token "
-    "steps, or the accepted tokens of inexact counts) that too few scrape intervals had pinned down (flag "
+    "steps, or the accepted tokens of inexact counts) that too few scrape intervals had pinned down, or that rested "
+    "on chunks the engine merged from several steps (flag "
     f"{UNSETTLED_FLAG}): the run's totals are the engine's, but each workload's acceptance may be several points "
     "off; more requests settle it, or the engine's own per-request figures (vLLM: --per-request-spec-decode-metrics)"
 )
