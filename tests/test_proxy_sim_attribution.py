@@ -178,6 +178,18 @@ async def test_mixed_concurrency_32_counters_only_within_3_points(tmp_path: Path
         assert abs(m[w] - t[w]) <= 0.03, (w, m[w], t[w])
 
 
+async def _accuracy(*args: str) -> dict[str, Any]:
+    """``python -m benchmarks.attribution_accuracy ARGS --json``, in an interpreter of its own: its JSON."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.attribution_accuracy", *args, "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(Path(__file__).parent.parent),
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    doc: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return doc
+
+
 @pytest.mark.slow
 async def test_mixed_ngram_drafting_on_some_steps_within_10_points() -> None:
     """ngram drafts only when its lookup matches, so steps are not drafts, and how often differs by request (the
@@ -191,14 +203,7 @@ async def test_mixed_ngram_drafting_on_some_steps_within_10_points() -> None:
     The run has an interpreter of its own (``python -m benchmarks.attribution_accuracy``), as the proxy has in
     production: inside this one, after hundreds of tests, one CI run read code_agent 10.9 points off, where fresh
     interpreters read 5-8."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.attribution_accuracy", "--concurrency", "32", "--requests", "160",
-        "--seed", "7", "--spec-method", "ngram", "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(Path(__file__).parent.parent),
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 240)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    doc = json.loads(out.decode().strip().splitlines()[-1])
+    doc = await _accuracy("--concurrency", "32", "--requests", "160", "--seed", "7", "--spec-method", "ngram")
     m, t = doc["measured"], doc["truth"]
     assert doc["records"] == 160
     assert doc["sources"] == ["counters"]  # chunks cannot say which one-token steps drafted
@@ -213,15 +218,11 @@ async def test_steps_an_engine_merges_into_chunks_still_give_each_workload_its_a
     """The simulator's writers away after each chunk, as a saturated API server's are, so that several steps go out
     as one chunk (what a GPU engine does all the time). Every step drafts (MTP): once the ledger has put the merged
     steps back, each record has the counters' figure, and per workload it is within a few points of the truth (seen
-    within 0.7-3.7 at seeds 1 and 2). Before, a record with a chunk longer than one step chose no figure at all."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.attribution_accuracy", "--concurrency", "16", "--requests", "100",
-        "--seed", "1", "--spec-method", "mtp", "--speed", "40", "--output-lag-ms", "3", "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(Path(__file__).parent.parent),
+    within 0.1-3.7 at seeds 1 and 2). Before, a record with a chunk longer than one step chose no figure at all."""
+    doc = await _accuracy(
+        "--concurrency", "16", "--requests", "100", "--seed", "1", "--spec-method", "mtp", "--speed", "40",
+        "--output-lag-ms", "3",
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 240)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    doc = json.loads(out.decode().strip().splitlines()[-1])
     m, t = doc["measured"], doc["truth"]
     assert doc["records"] == 100 and doc["steps_unmerged"] > 0
     assert doc["sources"] == ["counters"]
