@@ -46,7 +46,13 @@ MIN_DRAFT_TOKENS = 200  # a band's acceptance says speculation loses from this m
 LOSING_BELOW = 0.98  # ... when it predicts less than this speedup
 # Flags that say the record's chunks are not one engine step each (docs/records.md)
 NOT_STEPS = frozenset(
-    {"chunks_not_steps_engine", "stream_interval_suspected", "several_choices", "chunks_fewer_than_steps"}
+    {
+        "chunks_not_steps_engine",
+        "stream_interval_suspected",
+        "several_choices",
+        "chunks_fewer_than_steps",
+        "steps_unmerged",
+    }
 )
 OVER_K = 0.25  # draft tokens per drafting step above the schedule's k by more than this: more than it allows
 
