@@ -268,6 +268,21 @@ async def test_stream_interval_merges_steps() -> None:
         assert b.json[1]["usage"]["completion_tokens"] == 1  # the first output is sent at once
 
 
+async def test_a_writer_that_lags_merges_the_steps_that_came_meanwhile() -> None:
+    """--output-lag-ms: after each chunk the stream's writer is away for about three steps (a step is some 8 ms of
+    the simulator's time), as a saturated API server's HTTP task is; the steps that came meanwhile go out as one
+    chunk, the same text and token counts, in fewer chunks than steps."""
+    async with running_sim() as one, running_sim(output_lag_ms=25) as lagging, client() as s:
+        _, a = await post_sse(s, f"{one.url}/v1/chat/completions", chat_body(max_tokens=120))
+        _, b = await post_sse(s, f"{lagging.url}/v1/chat/completions", chat_body(max_tokens=120))
+        text = ["".join(c["choices"][0]["delta"]["content"] for c in x.json if c["choices"]) for x in (a, b)]
+        assert text[0] == text[1]
+        assert len(b.json) - 2 < (len(a.json) - 2) / 2
+        assert b.json[1]["usage"]["completion_tokens"] == 1  # the first output is sent at once
+        steps = len((await truth(s, lagging, b.json[0]["id"]))["per_step_accepted"])
+        assert len(b.json) - 2 < steps  # fewer content chunks than the engine's steps
+
+
 async def test_keepalive_comments_during_silence() -> None:
     async with running_sim(FAST, speed=0.5, keepalive_s=0.01) as sim, client() as s:
         status, sse = await post_sse(s, f"{sim.url}/v1/chat/completions", chat_body(max_tokens=8))
