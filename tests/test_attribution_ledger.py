@@ -444,3 +444,27 @@ def test_an_engine_that_merges_steps_into_chunks_still_gives_each_request_its_ac
         assert got is not None and got.unmerged
         assert got.estimate.counts.accepted == pytest.approx(sum(acc), rel=0.05)
         assert got.estimate.counts.drafts == pytest.approx(800, rel=0.05)
+
+
+def test_a_request_alone_whose_chunks_merged_steps_gets_the_engines_own_count_and_says_so() -> None:
+    """Alone on the engine (concurrency 1), a GPU engine's HTTP task still merges steps at times: 6 steps counted,
+    4 chunks read, 2 accepted tokens where the chunks show 4 beyond one each. No window of intervals is needed: a
+    late reader cannot leave an interval both short of chunks and long of tokens."""
+    led = CounterLedger()
+    led.baseline(0)
+    led.begin("a", "code")
+    end = _stream(led, "a", [2, 3, 1, 2], 1)  # as steps: [1+1], [1, 1+1], [1], [1, 1]
+    led.end("a")
+    led.settle(end * MS, _delta(6, accepted=2, drafts=3, pos=(2.0, 0.0, 0.0)))
+    got = led.pop("a")
+    assert got is not None and got.unmerged and got.estimate.exact
+    assert got.estimate.counts.accepted == pytest.approx(2.0)
+    assert got.estimate.counts.drafts == pytest.approx(3.0)
+    quiet = CounterLedger()  # the same chunks, each a step: nothing to put back
+    quiet.baseline(0)
+    quiet.begin("b", "code")
+    end = _stream(quiet, "b", [2, 3, 1, 2], 1)
+    quiet.end("b")
+    quiet.settle(end * MS, _delta(4, accepted=4, drafts=3, pos=(3.0, 1.0, 0.0)))
+    got = quiet.pop("b")
+    assert got is not None and not got.unmerged and got.estimate.counts.accepted == 4

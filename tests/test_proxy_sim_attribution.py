@@ -53,6 +53,39 @@ async def _wait_ready(px: RunningProxy) -> None:
         await asyncio.sleep(0.01)
 
 
+async def test_one_at_a_time_with_merged_steps_the_counters_are_the_figure(tmp_path: Path) -> None:
+    """Concurrency 1, the engine's writer lagging so that chunks merge steps (a GPU engine's HTTP task does so even
+    for one stream): read as steps, the chunks count merged one-token steps as accepted drafts (here they would say
+    more accepted tokens than draft tokens). The ledger finds the merged steps, the chunks' figure is not chosen, and
+    the counters' figure is within a few points of the truth per workload (seen -2.2 to +5.0 over four runs: the
+    closing scrape comes after the next request's first token, and merged chunks put some of its steps in the
+    interval, shared as overlapping ones; the chunks would read 1.2-1.6)."""
+    async with (
+        running_sim(speed=20.0, spec_method="ngram", output_lag_ms=20) as sim,
+        running_proxy(sim.url, tmp_path) as px,
+        aiohttp.ClientSession() as s,
+    ):
+        await _wait_ready(px)
+        for w, prompts in (("code", CODE_PROMPTS), ("ja", JA_PROMPTS)):
+            for prompt in prompts[:4]:
+                await _send(s, px.url, chat_body(prompt, max_tokens=400), w)
+        await px.flush()
+        recs = px.records()
+        assert len(recs) == 8
+        sums: dict[str, list[float]] = {}
+        for rec in recs:
+            t = await truth(s, sim, rec["upstream_id"])
+            assert rec["spec"]["source"] == "counters", rec["flags"]
+            got = sums.setdefault(rec["workload"], [0.0, 0.0, 0.0, 0.0])
+            got[0] += rec["spec"]["accepted"]
+            got[1] += rec["spec"]["draft_tokens"]
+            got[2] += t["counted_accepted"]
+            got[3] += t["draft_tokens"]
+        assert sum("steps_unmerged" in r["flags"] for r in recs) > 0
+        for w, (acc, drafted, true_acc, true_drafted) in sums.items():
+            assert abs(acc / drafted - true_acc / true_drafted) <= 0.08, (w, acc / drafted, true_acc / true_drafted)
+
+
 @pytest.mark.parametrize("per_request", [None, "detailed"])
 async def test_concurrency_one_every_source_equals_truth(tmp_path: Path, per_request: str | None) -> None:
     async with (
@@ -71,7 +104,12 @@ async def test_concurrency_one_every_source_equals_truth(tmp_path: Path, per_req
             est = rec["spec"]["estimates"]
             if not per_request:  # with the engine's own figures no closing scrape is made (recorder/scraper.py)
                 # counters: exact when alone, including the unemitted tail of a max_tokens cut
-                assert est["counters"]["exact"] is True
+                assert est["counters"]["exact"] is True, (
+                    rec["flags"],
+                    est["counters"],
+                    t["counted_accepted"],
+                    t["drafts"],
+                )
                 assert est["counters"]["accepted"] == t["counted_accepted"]
                 assert est["counters"]["drafts"] == t["drafts"]
                 assert est["counters"]["draft_tokens"] == t["draft_tokens"]

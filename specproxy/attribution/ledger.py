@@ -241,7 +241,12 @@ class CounterLedger:
         unmerged: dict[str, float] = {}
         if engine_steps is not None:
             chunk_steps = sum(a.steps for a in members.values())
-            if self._merge_window.add(engine_steps, chunk_steps, owed_before, self._owed):
+            merging = self._merge_window.add(engine_steps, chunk_steps, owed_before, self._owed)
+            # A request alone in its interval with fewer chunks than the engine's steps and more tokens beyond one per
+            # chunk than it accepted had steps merged: a late reader leaves the first short and the second long, or
+            # the other way round, never both (unmerge checks the second)
+            alone = sum(1 for a in members.values() if a.steps > 0) == 1
+            if merging or (alone and engine_steps > chunk_steps):
                 unmerged = unmerge(members, counts)
         for rid, part in unmerged.items():
             self.unmerged += part
