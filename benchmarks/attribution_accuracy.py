@@ -88,12 +88,13 @@ async def main() -> None:
     if unchosen:
         print(f"{unchosen} of {len(recs)} records chose no figure (chunks merged steps), left out of 'acceptance'")
     for w in sorted(t):
-        if w not in m:
-            print(f"{w:12s} no record chose a figure", end="")
-            print(f"  (counters' share {shares[w]:.4f}, {100 * (shares[w] - t[w]):+.1f})" if w in shares else "")
-            continue
-        print(f"{w:12s} acceptance {m[w]:.4f}  truth {t[w]:.4f}  off by {100 * (m[w] - t[w]):+.1f} points", end="")
-        print(f"  (counters' share {shares[w]:.4f}, {100 * (shares[w] - t[w]):+.1f})" if w in shares else "")
+        chosen = (
+            f"acceptance {m[w]:.4f}  truth {t[w]:.4f}  off by {100 * (m[w] - t[w]):+.1f} points"
+            if w in m
+            else "no record chose a figure"
+        )
+        share = f"  (counters' share {shares[w]:.4f}, {100 * (shares[w] - t[w]):+.1f})" if w in shares else ""
+        print(f"{w:12s} {chosen}{share}")
     if total:
         print(f"per-request drafts: mean error {err / len(counted):.2f}, {100 * err / total:.1f} % of all drafts")
 

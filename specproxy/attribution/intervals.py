@@ -170,7 +170,8 @@ LATE_STEPS = 16  # steps a reader may be behind on each stream in flight before 
 
 def unmerge(members: Mapping[str, Activity], delta: SpecCounts) -> dict[str, float]:
     """Steps that reached us merged into one chunk, put back: how many, per member (none when none is seen). Asked
-    only while the engine is merging steps (:class:`~specproxy.attribution.ledger.MergeWindow`).
+    while the engine is merging steps (:class:`~specproxy.attribution.ledger.MergeWindow`), and for a request alone
+    in its interval with fewer chunks than the engine's steps.
 
     An engine's HTTP task that falls behind its steps sends the steps it missed as one chunk (vLLM's output
     collector merges what its reader has not taken; at GPU speeds a busy API server does so often). Such a chunk

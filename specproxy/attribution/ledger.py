@@ -252,11 +252,11 @@ class CounterLedger:
             self.unmerged += part
             if (req := self._req.get(rid)) is not None:
                 req.unmerged = True
+        steps = sum(a.steps for a in members.values())  # the merged steps put back included
         foreign = 0.0
         if quota is None and engine_steps is not None:
-            foreign = max(0.0, engine_steps - sum(a.steps for a in members.values()))
+            foreign = max(0.0, engine_steps - steps)
         workloads = {rid: self._req[rid].workload for rid in members if rid in self._req}
-        steps = sum(a.steps for a in members.values())
         if steps <= 0 and self._owed > 0:
             # every step it counted is owed (a reader behind all its streams): its delta goes with them
             self._carried = self._carried + counts
