@@ -96,9 +96,15 @@ _PLAIN_DELTA = frozenset(("content", "role", "reasoning_content", "reasoning"))
 _PLAIN_USAGE = frozenset(("prompt_tokens", "completion_tokens", "total_tokens", "completion_tokens_details"))
 
 
-def _plain_chunk(obj: dict[str, Any]) -> StreamChunk | None:
+# What :func:`plain_fields` reads from the common chunk: text, whether it is the role chunk, finish reason,
+# prompt and completion tokens (cumulative), id, choice index.
+PlainFields = tuple[str, bool, str | None, int | None, int | None, str | None, int]
+
+
+def plain_fields(obj: dict[str, Any]) -> PlainFields | None:
     """The common streamed chunk read the way :func:`interpret_json` reads it, with fewer steps (it is the
-    bookkeeper's most frequent call); None for any other shape, which the whole reading then takes."""
+    bookkeeper's most frequent call), as a tuple; None for any other shape, which the whole reading then takes. All
+    else a :class:`StreamChunk` can say is at its default for this shape."""
     choices = obj.get("choices")
     if type(choices) is not list or len(choices) != 1 or not obj.keys() <= _PLAIN_TOP:
         return None
@@ -139,18 +145,35 @@ def _plain_chunk(obj: dict[str, Any]) -> StreamChunk | None:
         return None
     fr = choice.get("finish_reason")
     rid = obj.get("id")
+    return (
+        text,
+        role,
+        fr if type(fr) is str else None,
+        prompt_tokens,
+        completion_tokens,
+        rid if type(rid) is str else None,
+        index if index > 0 else 0,
+    )
+
+
+def _plain_chunk(obj: dict[str, Any]) -> StreamChunk | None:
+    """:func:`plain_fields` as a :class:`StreamChunk`."""
+    f = plain_fields(obj)
+    if f is None:
+        return None
+    text, role, finish, prompt_tokens, completion_tokens, rid, index = f
     model = obj.get("model")
     return StreamChunk(
         kind="chunk",
-        id=rid if type(rid) is str else None,
+        id=rid,
         model=model if type(model) is str else None,
         n_choices=1,
         role=role,
         text=text,
-        finish_reason=fr if type(fr) is str else None,
+        finish_reason=finish,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        max_index=index if index > 0 else 0,
+        max_index=index,
     )
 
 

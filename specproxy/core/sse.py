@@ -108,6 +108,12 @@ class SSEDecoder:
         return len(self._line) + self._data_len
 
     @property
+    def between_events(self) -> bool:
+        """Past the stream's first line and holding nothing of an event: the next byte starts a new line of a new
+        event, so a read of whole ``data:`` events can be read without this decoder and leave it as it is."""
+        return not (self._line or self._data or self._event or self._pending_cr or self._first_line)
+
+    @property
     def has_partial(self) -> bool:
         """True when bytes of an unfinished event are buffered."""
         return bool(self._line) or bool(self._data)
