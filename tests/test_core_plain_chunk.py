@@ -57,7 +57,9 @@ def _random_chunk(rng: random.Random) -> Any:
     for key, values in (("service_tier", [None]), ("prompt_token_ids", [None, [1]]), ("prompt_text", [None]),
                         ("system_fingerprint", ["fp_ollama", "vllm-0.32"]), ("kv_transfer_params", [None]),
                         ("metrics", [{"speculative_decoding": {"num_draft_tokens": 3}}, {}]), ("error", ["e"]),
-                        ("timings", [{"draft_n": 3}]), ("meta_info", [{}]), ("extra", ODD)):  # fmt: skip
+                        ("timings", [{"draft_n": 3}]), ("meta_info", [{}]), ("extra", ODD),
+                        ("sglext", [{"spec_verify_ct": 2, "completion_tokens": 5}]), ("provider", ["gw"]),
+                        ("content", ["x"]), ("stop", [True])):  # fmt: skip
         _maybe(rng, obj, key, values, 0.1)
     return obj
 

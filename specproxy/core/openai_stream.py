@@ -83,11 +83,13 @@ def _usage_count(value: Any) -> tuple[int | None, bool]:
     return n, False
 
 
-# The keys of the common streamed chunk (vLLM, SGLang, and the rest alike: one choice, a text delta, perhaps a usage
-# block), which :func:`_plain_chunk` reads in one pass. Any other key (``metrics``, ``timings``, ``error``,
-# ``system_fingerprint``, ``kv_transfer_params``, ``meta_info``, ...) takes the whole reading.
-_PLAIN_TOP = frozenset(
-    ("id", "object", "created", "model", "choices", "usage", "service_tier", "prompt_token_ids", "prompt_text")
+# The common streamed chunk (vLLM, SGLang, and the rest alike: one choice, a text delta, perhaps a usage block) is
+# read by :func:`plain_fields` in one pass. At the top level it is told by what it lacks: a key that the whole reading
+# (or a dialect built on it: core.dialects.native) reads beyond the plain fields takes the whole reading, and any
+# other key (a gateway's ``provider``, a bench's stamp) says nothing either reading uses. Within the choice and its
+# delta it is told by what it has: those keys and no other.
+_WHOLE_TOP = frozenset(
+    ("error", "metrics", "timings", "system_fingerprint", "kv_transfer_params", "meta_info", "sglext", "content")
 )
 _PLAIN_CHOICE = frozenset(
     ("index", "delta", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_token_ids")
@@ -106,7 +108,7 @@ def plain_fields(obj: dict[str, Any]) -> PlainFields | None:
     bookkeeper's most frequent call), as a tuple; None for any other shape, which the whole reading then takes. All
     else a :class:`StreamChunk` can say is at its default for this shape."""
     choices = obj.get("choices")
-    if type(choices) is not list or len(choices) != 1 or not obj.keys() <= _PLAIN_TOP:
+    if type(choices) is not list or len(choices) != 1 or not obj.keys().isdisjoint(_WHOLE_TOP):
         return None
     choice = choices[0]
     if type(choice) is not dict or not choice.keys() <= _PLAIN_CHOICE or choice.get("token_ids") is not None:
