@@ -3,6 +3,8 @@ record's ``spans`` read back (core/record.py), older records included."""
 
 from __future__ import annotations
 
+import random
+
 import orjson
 
 from specproxy.attribution.spans import position_bucket, span_block
@@ -113,3 +115,46 @@ def test_where_only_some_steps_draft_the_draft_tokens_add_up_to_the_requests() -
     # every step drafting (MTP): k per step
     every = span_block(chunks, codes, chunks_are_steps=True, spec=_spec(accepted=5, drafts=8, draft_tokens=24))
     assert every is not None and every["types"]["code"]["draft_tokens"] == every["types"]["prose"]["draft_tokens"] == 12
+
+
+def _by_chunk(chunks: list[tuple[float, int]], codes: bytes) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """Steps, tokens and steps of more than one token per span type and per position bucket, chunk by chunk."""
+    types: dict[str, list[int]] = {}
+    positions: dict[str, list[int]] = {}
+    index = None
+    for i, (_, n) in enumerate(chunks):
+        if n <= 0:
+            continue
+        if index is None:
+            index = n
+            continue
+        code = codes[i] if i < len(codes) else 0
+        for table, key in ((types, SPAN_TYPES[code]), (positions, str(position_bucket(index)))):
+            cell = table.setdefault(key, [0, 0, 0])
+            cell[0] += 1
+            cell[1] += n
+            cell[2] += n > 1
+        index += n
+    return types, positions
+
+
+def test_the_block_counts_what_each_chunk_brought_where_it_landed() -> None:
+    """Random streams of every length (past the last position bucket), with chunks of no tokens and codes missing
+    at the end: each span type and bucket holds what a chunk-by-chunk count gives, in the order the types came."""
+    rng = random.Random(11)
+    for _ in range(300):
+        chunks = [(i * 0.01, rng.choice([0, 1, 1, 1, 2, 4, 7])) for i in range(rng.randint(0, 700))]
+        codes = bytes(rng.randrange(len(SPAN_TYPES)) for _ in range(max(0, len(chunks) - rng.randint(0, 3))))
+        types, positions = _by_chunk(chunks, codes)
+        block = span_block(
+            chunks, codes, chunks_are_steps=True, spec=_spec(accepted=0, drafts=10**6, draft_tokens=None)
+        )
+        if not types:
+            assert block is None
+            continue
+        assert block is not None
+        assert list(block["types"]) == list(types)
+        assert list(block["positions"]) == sorted(positions, key=int)
+        for got, want in ((block["types"], types), (block["positions"], positions)):
+            for key, (steps, tokens, _) in want.items():
+                assert (got[key]["steps"], got[key]["tokens"], got[key]["accepted"]) == (steps, tokens, tokens - steps)

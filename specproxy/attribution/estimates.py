@@ -16,6 +16,7 @@ Pure: numbers and parsed JSON in, estimates out.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -72,11 +73,8 @@ def _opt_num(v: float | None) -> float | None:
 
 def per_position_from_steps(accepted_per_step: Iterable[int], k: int) -> tuple[float, ...]:
     """A step that accepted a tokens accepted positions 0..a-1 (a position counts only if the previous did)."""
-    pos = [0.0] * k
-    for a in accepted_per_step:
-        for i in range(min(a, k)):
-            pos[i] += 1
-    return tuple(pos)
+    steps_by_accepted = Counter(accepted_per_step)
+    return tuple(float(sum(c for a, c in steps_by_accepted.items() if a > i)) for i in range(k))
 
 
 def from_server(spec: Mapping[str, Any]) -> SpecEstimate | None:
@@ -148,8 +146,5 @@ def from_chunks(tokens_per_chunk: Sequence[int], k: float | None) -> SpecEstimat
 
 def tokens_per_step_histogram(tokens_per_chunk: Sequence[int]) -> dict[str, int]:
     """How many decode steps brought n tokens, keyed by n as a string (the record's JSON form)."""
-    hist: dict[str, int] = {}
-    for n in tokens_per_chunk[1:]:
-        if n > 0:
-            hist[str(n)] = hist.get(str(n), 0) + 1
-    return hist
+    steps = Counter(n for n in tokens_per_chunk[1:] if n > 0)  # in the order each n first came
+    return {str(n): c for n, c in steps.items()}

@@ -40,28 +40,43 @@ def span_block(
     chunks: Sequence[tuple[float, int]], codes: bytes, *, chunks_are_steps: bool, spec: SpecBlock | None
 ) -> SpanBlock | None:
     """The record's ``spans`` (docs/records.md); None with no decode step, or neither steps nor a figure to share."""
-    # per key: [steps, tokens, accepted, steps that brought more than one token (they drafted, surely)]
-    types: dict[str, list[float]] = {}
-    positions: dict[str, list[float]] = {}
-    index = 0
-    seen_first = False
+    # per span type and per position bucket: steps, tokens, steps that brought more than one token (they drafted,
+    # surely); one pass, the position bucket moving up as the tokens do
+    edges = POSITION_EDGES
+    type_steps, type_tokens, type_multi = [0] * len(SPAN_TYPES), [0] * len(SPAN_TYPES), [0] * len(SPAN_TYPES)
+    pos_steps, pos_tokens, pos_multi = [0] * len(edges), [0] * len(edges), [0] * len(edges)
+    seen: list[int] = []  # span types in the order their first step came
+    n_codes = len(codes)
+    index = -1  # output index of the step's first token; -1 until the prefill step
+    bucket = 0
     for i, (_, n) in enumerate(chunks):
         if n <= 0:
             continue
-        if not seen_first:  # the prefill step: a token, no draft
-            seen_first = True
-            index += n
+        if index < 0:  # the prefill step: a token, no draft
+            index = n
             continue
-        code = codes[i] if i < len(codes) else 0
-        for table, key in ((types, SPAN_TYPES[code]), (positions, str(position_bucket(index)))):
-            cell = table.get(key)
-            if cell is None:
-                cell = table[key] = [0.0, 0.0, 0.0, 0.0]
-            cell[0] += 1
-            cell[1] += n
-            cell[2] += n - 1
-            cell[3] += n > 1
+        while bucket + 1 < len(edges) and index >= edges[bucket + 1]:
+            bucket += 1
+        code = codes[i] if i < n_codes else 0
+        if not type_steps[code]:
+            seen.append(code)
+        type_steps[code] += 1
+        type_tokens[code] += n
+        pos_steps[bucket] += 1
+        pos_tokens[bucket] += n
+        if n > 1:
+            type_multi[code] += 1
+            pos_multi[bucket] += 1
         index += n
+    # per key: [steps, tokens, accepted, steps that brought more than one token]
+    types: dict[str, list[float]] = {
+        SPAN_TYPES[c]: [type_steps[c], type_tokens[c], type_tokens[c] - type_steps[c], type_multi[c]] for c in seen
+    }
+    positions: dict[str, list[float]] = {
+        str(edges[b]): [pos_steps[b], pos_tokens[b], pos_tokens[b] - pos_steps[b], pos_multi[b]]
+        for b in range(len(edges))
+        if pos_steps[b]
+    }
     if not types:
         return None
     tokens = sum(c[1] for c in types.values())
@@ -98,7 +113,7 @@ def span_block(
     return SpanBlock(
         basis=basis,
         types={k: cell_of(c) for k, c in types.items()},
-        positions={k: cell_of(c) for k, c in sorted(positions.items(), key=lambda kv: int(kv[0]))},
+        positions={k: cell_of(c) for k, c in positions.items()},  # ascending: built in bucket order
     )
 
 

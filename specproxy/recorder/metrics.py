@@ -124,13 +124,22 @@ class BulkHistogram(Collector):
             series = self.series[value] = ([0.0] * (len(self.bounds) + 1), [0.0])
         counts, total = series
         bounds = self.bounds
-        pairs = zip(amounts, weights, strict=True) if weights is not None else ((a, 1) for a in amounts)
-        for a, w in pairs:
-            # as prometheus_client's Histogram, value by value: the sum takes every one, NaN goes in no bucket
-            for _ in range(w):
-                total[0] += a
-            if a == a:
-                counts[bisect.bisect_left(bounds, a)] += w  # past the last bound: +Inf
+        where = bisect.bisect_left
+        # as prometheus_client's Histogram, value by value: the sum takes every one (in order, so it adds up to the
+        # same float), NaN goes in no bucket, past the last bound is +Inf
+        s = total[0]
+        if weights is None:
+            for a in amounts:
+                s += a
+                if a == a:
+                    counts[where(bounds, a)] += 1
+        else:
+            for a, w in zip(amounts, weights, strict=True):
+                for _ in range(w):
+                    s += a
+                if a == a:
+                    counts[where(bounds, a)] += w
+        total[0] = s
 
     def describe(self) -> list[HistogramMetricFamily]:
         return [HistogramMetricFamily(self.name, self.documentation, labels=[self.label])]
