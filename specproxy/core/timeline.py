@@ -116,6 +116,7 @@ class ResponseTimeline:
         self._spans = SpanClassifier()
         self.span_codes = bytearray()  # one per entry of chunks
         self._sources: Counter[str] = Counter()
+        self._inexact = False  # a chunk's count came from a tokenizer (any source but usage and token ids)
         self.events = 0
         self.reads = 0
         self.multi_event_reads = 0
@@ -145,7 +146,7 @@ class ResponseTimeline:
     def exact_counts(self) -> bool:
         """Whether every chunk count so far came from the server (usage deltas or token ids), from an engine whose
         chunks are steps: llama.cpp and Ollama send one event per token, so a count per event says nothing of steps."""
-        return self._engine not in PER_TOKEN_ENGINES and all(src in ("usage", "token_ids") for src in self._sources)
+        return not self._inexact and self._engine not in PER_TOKEN_ENGINES
 
     @property
     def server_spec(self) -> dict[str, Any] | None:
@@ -312,6 +313,8 @@ class ResponseTimeline:
             return False
         if n > 0:
             self._sources[source] += 1
+            if source != "usage" and source != "token_ids":
+                self._inexact = True
             self._sum_tokens += n
             if self.first_token_ns is None:
                 self.first_token_ns = t_ns
