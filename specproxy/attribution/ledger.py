@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from specproxy.attribution.counts import SpecCounts
 from specproxy.attribution.estimates import SpecEstimate
@@ -102,9 +103,9 @@ class MergeWindow:
     (and an interval that finds more missing than a late reader explains is cut by time, its owed steps dropped).
     One interval alone cannot tell the two apart; a run of them can. Numbers in, a verdict out."""
 
-    WINDOW = 16
-    MIN_STEPS = 64.0  # engine steps in the window before any verdict
-    MIN_SHARE = 0.02  # of the engine's steps, missing for good
+    WINDOW: ClassVar[int] = 16
+    MIN_STEPS: ClassVar[float] = 64.0  # engine steps in the window before any verdict
+    MIN_SHARE: ClassVar[float] = 0.02  # of the engine's steps, missing for good
 
     __slots__ = ("_rows",)
 
@@ -115,10 +116,10 @@ class MergeWindow:
         """One interval's steps: the engine's, our chunks', and what was owed before and after it. Whether steps
         are being merged now."""
         self._rows.append((engine_steps, chunk_steps, owed_before, owed_after))
-        engine = sum(r[0] for r in self._rows)
+        engine = sum((r[0] for r in self._rows), 0.0)
         if engine < self.MIN_STEPS:
             return False
-        missing = engine - sum(r[1] for r in self._rows) - (self._rows[-1][3] - self._rows[0][2])
+        missing = engine - sum((r[1] for r in self._rows), 0.0) - (self._rows[-1][3] - self._rows[0][2])
         return missing > self.MIN_SHARE * engine
 
 
