@@ -57,9 +57,10 @@ async def test_one_at_a_time_with_merged_steps_the_counters_are_the_figure(tmp_p
     """Concurrency 1, the engine's writer lagging so that chunks merge steps (a GPU engine's HTTP task does so even
     for one stream): read as steps, the chunks count merged one-token steps as accepted drafts (here they would say
     more accepted tokens than draft tokens). The ledger finds the merged steps, the chunks' figure is not chosen, and
-    the counters' figure is within a few points of the truth per workload (seen -2.2 to +5.0 over four runs: the
-    closing scrape comes after the next request's first token, and merged chunks put some of its steps in the
-    interval, shared as overlapping ones; the chunks would read 1.2-1.6)."""
+    the counters' figure is the truth per workload, to rounding (the chunks would read 1.2-1.6). Each
+    request's closing scrape is awaited before the next is sent: a client that sends at once races it, and on a busy
+    host the scrape can land after the next request's first steps, which then share its interval, by how late the
+    host made it."""
     async with (
         running_sim(speed=20.0, spec_method="ngram", output_lag_ms=20) as sim,
         running_proxy(sim.url, tmp_path) as px,
@@ -69,7 +70,7 @@ async def test_one_at_a_time_with_merged_steps_the_counters_are_the_figure(tmp_p
         for w, prompts in (("code", CODE_PROMPTS), ("ja", JA_PROMPTS)):
             for prompt in prompts[:4]:
                 await _send(s, px.url, chat_body(prompt, max_tokens=400), w)
-        await px.flush()
+                await px.flush()  # its closing scrape before the next request (see above)
         recs = px.records()
         assert len(recs) == 8
         sums: dict[str, list[float]] = {}
@@ -83,7 +84,7 @@ async def test_one_at_a_time_with_merged_steps_the_counters_are_the_figure(tmp_p
             got[3] += t["draft_tokens"]
         assert sum("steps_unmerged" in r["flags"] for r in recs) > 0
         for w, (acc, drafted, true_acc, true_drafted) in sums.items():
-            assert abs(acc / drafted - true_acc / true_drafted) <= 0.08, (w, acc / drafted, true_acc / true_drafted)
+            assert abs(acc / drafted - true_acc / true_drafted) <= 0.02, (w, acc / drafted, true_acc / true_drafted)
 
 
 @pytest.mark.parametrize("per_request", [None, "detailed"])

@@ -218,8 +218,9 @@ async def test_engine_figures_slow_the_periodic_scrape_and_keep_the_cross_check(
 
             for _ in range(PER_REQUEST_RUN):  # alone: what tells the proxy the engine gives its figures
                 await one(8)
-            # overlapping, a second or more each in the simulator's real time: periodic scrapes part them
-            await asyncio.gather(*(one(240) for _ in range(4)))
+            # overlapping, two seconds or more each in the simulator's real time: periodic scrapes part them, at
+            # least every half second (their gap's ceiling, which a busy host's slow scrapes reach)
+            await asyncio.gather(*(one(600) for _ in range(4)))
             await px.flush()
             counts[detail] = scraper.state.ok
             assert scraper.per_request_figures == (detail is not None)
