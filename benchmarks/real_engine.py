@@ -437,8 +437,10 @@ class Harness:
         return out
 
     def _acceptance_of(self, name: str, url: str) -> dict[str, Any]:
-        # each prompt sent accept_repeat times, alone and mixed alike: a mixed run long enough for many scrapes
+        # each prompt sent accept_repeat times alone, and mixed_repeat times (default the same) in each mixed run: a
+        # mixed run long enough for many scrapes, at 64 streams more than the alone runs need
         n = self.a.accept_requests * self.a.accept_repeat
+        n_mixed = self.a.accept_requests * (self.a.mixed_repeat or self.a.accept_repeat)
         alone: dict[str, Any] = {}
         agree: dict[str, Any] = {}
         for w in WORKLOADS:
@@ -465,7 +467,7 @@ class Harness:
                     self.dir / f"mixed-{name}-c{c}-client.jsonl",
                     workloads=list(self.subsets.values()),
                     concurrency=c,
-                    requests=n * len(WORKLOADS),
+                    requests=n_mixed * len(WORKLOADS),
                     max_tokens=self.a.max_tokens,
                     seed=7,
                 )
@@ -478,6 +480,8 @@ class Harness:
                 by_w[w] = {src: source_rates(mine, src) for src in ("chosen", "chunks", "counters")}
                 by_w[w]["requests"] = len(mine)
                 by_w[w]["chunks_not_steps"] = not_steps(mine)
+                # records whose counters' share the ledger had not settled by the end (no correction came)
+                by_w[w]["unsettled"] = sum(1 for r in mine if "counters_unsettled" in r["flags"])
                 chosen = by_w[w]["chosen"]["acceptance"]
                 ref = alone[w]["acceptance"]
                 by_w[w]["chosen_minus_alone_points"] = (chosen - ref) * 100 if chosen is not None and ref else None
@@ -826,7 +830,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--min-requests", type=int, default=32)
     ap.add_argument("--accept-requests", type=int, default=24, help="prompts per workload in the acceptance runs")
     ap.add_argument(
-        "--accept-repeat", type=int, default=1, help="times each of those prompts is sent, alone and mixed alike"
+        "--accept-repeat", type=int, default=1, help="times each of those prompts is sent alone (and mixed, by default)"
+    )
+    ap.add_argument(
+        "--mixed-repeat", type=int, default=0, help="times each prompt is sent in each mixed run (0: --accept-repeat)"
     )
     ap.add_argument("--matrix-requests", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -44,7 +44,7 @@ async def test_the_harness_runs_its_phases_and_keeps_the_records(tmp_path: Path)
             "--base", base, "--ngram", ngram, "--out", str(out),
             "--phases", "overhead,acceptance,matrix",
             "--concurrency", "2", "--min-requests", "4", "--accept-requests", "4", "--accept-repeat", "2",
-            "--mixed-concurrency", "4",
+            "--mixed-concurrency", "4", "--mixed-repeat", "3",
             "--matrix-requests", "2",
             # relay processes of its own (a folder for the records that does not exist yet)
             "--workers", "2", "--work", str(tmp_path / "records" / "here"),
@@ -63,8 +63,9 @@ async def test_the_harness_runs_its_phases_and_keeps_the_records(tmp_path: Path)
     assert mixed["counters_shares_sum"]["draft_tokens"] == pytest.approx(
         mixed["engine_delta"]["draft_tokens"], rel=0.02
     )
-    # each of the 4 prompts twice, alone and mixed alike
-    assert {w: m["requests"] for w, m in mixed["workloads"].items()} == {"code_agent": 8, "ja_chat": 8}
+    # each of the 4 prompts twice alone, three times mixed; and how many mixed records were left unsettled
+    assert {w: m["requests"] for w, m in mixed["workloads"].items()} == {"code_agent": 12, "ja_chat": 12}
+    assert all(0 <= m["unsettled"] <= m["requests"] for m in mixed["workloads"].values())
     assert {w: a["requests"] for w, a in phases["acceptance"]["ngram"]["alone_c1"].items()} == {
         "code_agent": 8,
         "ja_chat": 8,
