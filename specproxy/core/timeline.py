@@ -232,7 +232,9 @@ class ResponseTimeline:
             return self._on_event(t_ns, "message", payload.decode("utf-8", errors="replace"))
         f = plain_fields(obj) if type(obj) is dict else None
         if f is None:
-            return self._on_event(t_ns, "message", payload.decode("utf-8", errors="replace"))
+            # another shape: the dialect's whole reading of the object already parsed (what its event() does, which
+            # for the plain dialects is parse and json(), without parsing the text again)
+            return self._on_parsed(t_ns, self.dialect.json(obj))
         self.events += 1
         text, role, finish, prompt_tokens, completion_tokens, rid, index = f
         if rid and self._id is None:
