@@ -856,6 +856,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     bad = set(a.phases.split(",")) - set(PHASES)
     if bad:
         ap.error(f"unknown phase(s): {', '.join(sorted(bad))}")
+    if a.accept_requests < 1 or a.accept_repeat < 1 or a.mixed_repeat < 0:
+        ap.error("--accept-requests and --accept-repeat take 1 or more, --mixed-repeat 0 or more")
     return a
 
 

@@ -90,3 +90,10 @@ async def test_a_request_the_harness_cannot_serve_is_a_clear_error(tmp_path: Pat
     )  # fmt: skip
     assert rc == 2 and "Traceback" not in printed, printed
     assert "fewer than 100000" in printed
+
+
+async def test_a_count_below_its_least_is_a_clear_error(tmp_path: Path) -> None:
+    for bad in (["--mixed-repeat", "-1"], ["--accept-repeat", "0"]):
+        rc, printed = await _harness("--base", "http://127.0.0.1:9", *bad, "--out", str(tmp_path / "r.json"))
+        assert rc == 2 and "Traceback" not in printed, printed
+        assert "--mixed-repeat 0 or more" in printed
